@@ -1,0 +1,55 @@
+"""Build script for the compiled core (``specdec._core``).
+
+Environment switches:
+
+``SPECDEC_PUREPYTHON=1``
+    Build no extension: a pure-Python install (``specdec.BACKEND == "python"``).
+``SPECDEC_DEBUG=1``
+    Compile with Cython's bounds, wraparound and initialisation checks on, and
+    without optimisation: for chasing a crash, not for speed.
+
+A failed compile fails the build; there is no silent fallback to the slow backend.
+"""
+
+import os
+import sys
+
+from setuptools import Extension, setup
+
+
+def _flag(name):
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _extensions():
+    if _flag("SPECDEC_PUREPYTHON"):
+        return []
+    import numpy
+    from Cython.Build import cythonize
+
+    debug = _flag("SPECDEC_DEBUG")
+    directives = {
+        "boundscheck": debug,
+        "wraparound": debug,
+        "initializedcheck": debug,
+        "cdivision": True,
+    }
+    if sys.platform == "win32":
+        compile_args = ["/O2" if not debug else "/Od"]
+    else:
+        # -fopenmp-simd honours the reduction pragmas in _kernels_*.h without
+        # linking an OpenMP runtime; never -ffast-math (see _kernels.h).
+        compile_args = ["-O3" if not debug else "-O0", "-fopenmp-simd", "-g0" if not debug else "-g"]
+    core = Extension(
+        "specdec._core",
+        sources=["src/specdec/_core.pyx"],
+        include_dirs=[numpy.get_include(), "src/specdec"],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        extra_compile_args=compile_args,
+        depends=["src/specdec/_kernels.h", "src/specdec/_kernels_row.h",
+                 "src/specdec/_kernels_residual.h"],
+    )
+    return cythonize([core], compiler_directives=directives, language_level=3)
+
+
+setup(ext_modules=_extensions())

@@ -1,0 +1,114 @@
+"""Calling a model: the protocol, its checks, and the time spent in it."""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import numpy as np
+
+from specdec._common import InvalidLogitsError
+
+_LOGIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _accepts_logits_to_keep(fn) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+    parameter = parameters.get("logits_to_keep")
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+
+class ModelCaller:
+    """One model of a run: validates its output and times its calls.
+
+    A model is an object with ``forward(ids)`` or a plain callable ``model(ids)``;
+    ``ids`` is a read-only int64 array of shape (1, L) and the result is logits of
+    shape (1, L, V) in float32 or float64 (anything ``np.asarray`` views without a
+    copy).  When the callable accepts a ``logits_to_keep`` keyword, it is passed the
+    number of trailing rows needed and must return exactly that many.
+
+    Parameters
+    ----------
+    model : object
+        The model.
+    name : str
+        The argument name, for error messages (``"draft_model"``...).
+    """
+
+    __slots__ = ("name", "_fn", "keeps_rows", "elapsed", "calls", "vocab_size")
+
+    def __init__(self, model, name: str):
+        forward = getattr(model, "forward", None)
+        if callable(forward):
+            fn = forward
+        elif callable(model):
+            fn = model
+        else:
+            raise TypeError(
+                f"{name} must have a forward(ids) method or be callable, "
+                f"got {type(model).__name__}"
+            )
+        self.name = name
+        self._fn = fn
+        self.keeps_rows = _accepts_logits_to_keep(fn)
+        self.elapsed = 0.0
+        self.calls = 0
+        declared = getattr(model, "vocab_size", None)
+        self.vocab_size = declared if isinstance(declared, int) and declared > 0 else None
+
+    def last_rows(self, ids: np.ndarray, n_rows: int) -> np.ndarray:
+        """Logits of the last ``n_rows`` positions of ``ids``, shape (n_rows, V).
+
+        The rows are C-contiguous (copied only if the model's array is not).
+        """
+        start = time.perf_counter()
+        if self.keeps_rows:
+            out = self._fn(ids, logits_to_keep=n_rows)
+        else:
+            out = self._fn(ids)
+        self.elapsed += time.perf_counter() - start
+        self.calls += 1
+
+        logits = np.asarray(out)
+        expected = n_rows if self.keeps_rows else ids.shape[1]
+        if logits.ndim != 3 or logits.shape[0] != 1 or logits.shape[1] != expected:
+            raise ValueError(
+                f"{self.name} returned logits of shape {logits.shape} for {ids.shape[1]} "
+                f"tokens; expected (1, {expected}, V)"
+                + (f" (logits_to_keep={n_rows})" if self.keeps_rows else "")
+            )
+        if logits.dtype not in _LOGIT_DTYPES:
+            raise TypeError(
+                f"{self.name} returned {logits.dtype} logits; expected float32 or float64"
+            )
+        vocab_size = logits.shape[2]
+        if self.vocab_size is None:
+            if vocab_size < 1:
+                raise ValueError(f"{self.name} returned logits with an empty vocabulary")
+            self.vocab_size = vocab_size
+        elif vocab_size != self.vocab_size:
+            raise ValueError(
+                f"{self.name} returned {vocab_size} logits per row, "
+                f"but its vocabulary has {self.vocab_size} tokens"
+            )
+        rows = logits[0, expected - n_rows:]
+        if not rows.flags.c_contiguous:
+            rows = np.ascontiguousarray(rows)
+        return rows
+
+    def invalid_logits(self, error: InvalidLogitsError, first_position: int) -> ValueError:
+        """The user-facing error for a kernel's InvalidLogitsError.
+
+        ``first_position`` is the sequence position of the kernel's row 0.
+        """
+        position = first_position + error.row
+        return ValueError(
+            f"{self.name} returned {error.reason} at position {position} "
+            f"(the row predicting token {position + 1})"
+        )

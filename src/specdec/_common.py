@@ -1,0 +1,40 @@
+"""Definitions shared by both kernel backends and the decoder."""
+
+from __future__ import annotations
+
+#: Elements per block of a sampling pass (must equal SD_BLOCK in _kernels.h).
+BLOCK_SIZE = 512
+
+#: Kernel error codes, shared by both backends.
+NONFINITE_LOGITS = 1
+ALL_MASKED_LOGITS = 2
+
+_REASONS = {
+    NONFINITE_LOGITS: "NaN or +inf logits",
+    ALL_MASKED_LOGITS: "logits that are all -inf (no token has probability)",
+}
+
+
+class InvalidLogitsError(ValueError):
+    """A row of logits that defines no probability law.
+
+    Raised by the kernels with the index of the offending row within the block they
+    were given; the decoder re-raises it naming the model and the sequence position.
+
+    Parameters
+    ----------
+    row : int
+        Index of the row within the rows passed to the kernel.
+    code : int
+        ``NONFINITE_LOGITS`` or ``ALL_MASKED_LOGITS``.
+    """
+
+    def __init__(self, row: int, code: int):
+        self.row = row
+        self.code = code
+        super().__init__(f"row {row} holds {_REASONS[code]}")
+
+    @property
+    def reason(self) -> str:
+        """What is wrong with the row, in words."""
+        return _REASONS[self.code]

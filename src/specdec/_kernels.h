@@ -1,0 +1,209 @@
+/*
+ * Row kernels of specdec's compiled core, in C so that GCC can vectorise them.
+ *
+ * Every function here reads one row of logits (float or double, contiguous) and
+ * works in double.  The row's *law* under the sampling controls is
+ *
+ *     w(i) = exp((x[i] - m) * inv_t)   if x[i] >= tau and (x[i] - m) * inv_t >= zmin
+ *     w(i) = 0                         otherwise
+ *     P(i) = w(i) / Z,   Z = sum_i w(i)
+ *
+ * with m the row's maximum, inv_t = 1 / temperature, tau a logit threshold (top-k,
+ * top-p) and zmin a threshold on the scaled logit (min-p, log(min_p)).  The Python
+ * twin in _fallback.py computes the same quantities with NumPy; the two differ only
+ * by the rounding of exp and of the order of summation (see _core.pyx).
+ *
+ * The file is a template: _kernels_row.h is included once per logits type and
+ * _kernels_residual.h once per pair of types.  Speed: the hot loops are written
+ * branch-free with a polynomial exp so that GCC emits AVX-512 / AVX2 code; on
+ * x86-64 Linux each is compiled three times (target_clones) and the best clone is
+ * picked at load time.  No -ffast-math: NaN checks must survive, and the sums are
+ * split explicitly (omp simd reductions) instead.
+ */
+#ifndef SPECDEC_KERNELS_H
+#define SPECDEC_KERNELS_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) \
+    && !defined(SPECDEC_NO_CLONES)
+#define SD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define SD_CLONES
+#endif
+
+#if defined(_MSC_VER)
+#define SD_SIMD_SUM(var)
+#define SD_INLINE static __inline
+#else
+#define SD_PRAGMA(x) _Pragma(#x)
+#define SD_SIMD_SUM(var) SD_PRAGMA(omp simd reduction(+ : var))
+#define SD_INLINE static inline
+#endif
+
+/* Elements per block of the sampling pass: a draw finds its block from the block
+ * sums and rescans only that block, so no V-sized CDF is ever stored. */
+#define SD_BLOCK 512
+
+/* exp(x) for x <= 0 (x = -inf allowed), branch-free so that loops vectorise.
+ * Cody-Waite reduction x = n ln2 + r with |r| <= ln2/2, then the degree-12 Taylor
+ * polynomial: relative error about 2e-16, i.e. within a few ulp of libm's exp.
+ * Results below exp(-708) are flushed to 0: such a weight is 1e-308 of the row's
+ * largest, so it could only be drawn by a uniform within 1e-308 of a boundary. */
+SD_INLINE double sd_exp_nonpos(double x)
+{
+    const double lowest = -708.0;
+    const double round_magic = 6755399441055744.0; /* 1.5 * 2^52 */
+    double xc = x < lowest ? lowest : x;
+    double t = xc * 1.4426950408889634 + round_magic;
+    double n = t - round_magic;
+    double r = xc - n * 6.93145751953125e-1;
+    r = r - n * 1.42860682030941723212e-6;
+    double p = 2.08767569878680989792e-9;   /* 1/12! */
+    p = p * r + 2.50521083854417187751e-8;   /* 1/11! */
+    p = p * r + 2.75573192239858906526e-7;   /* 1/10! */
+    p = p * r + 2.75573192239858906526e-6;   /* 1/9! */
+    p = p * r + 2.48015873015873015873e-5;   /* 1/8! */
+    p = p * r + 1.98412698412698412698e-4;   /* 1/7! */
+    p = p * r + 1.38888888888888888889e-3;   /* 1/6! */
+    p = p * r + 8.33333333333333333333e-3;   /* 1/5! */
+    p = p * r + 4.16666666666666666667e-2;   /* 1/4! */
+    p = p * r + 1.66666666666666666667e-1;   /* 1/3! */
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    /* 2^n from the bits of t: its low mantissa bits hold n (|n| <= 1022). */
+    int64_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    int64_t scale_bits = (bits - (int64_t)0x4338000000000000LL + 1023) << 52;
+    double scale;
+    memcpy(&scale, &scale_bits, sizeof scale);
+    double result = p * scale;
+    return x < lowest ? 0.0 : result;
+}
+
+/* Weight of one element under a row law (see the top of this file). */
+SD_INLINE double sd_weight(double x, double m, double inv_t, double tau, double zmin)
+{
+    double z = (x - m) * inv_t;
+    double w = sd_exp_nonpos(z);
+    return (x >= tau && z >= zmin) ? w : 0.0;
+}
+
+/* In-place quickselect: the value of rank k (0-based, ascending) of a[0..n). */
+static double sd_select_rank(double *a, ptrdiff_t n, ptrdiff_t k)
+{
+    ptrdiff_t lo = 0, hi = n - 1;
+    while (hi > lo) {
+        ptrdiff_t mid = lo + (hi - lo) / 2;
+        /* median of three as the pivot keeps sorted and reversed rows linear */
+        double a0 = a[lo], a1 = a[mid], a2 = a[hi];
+        double pivot = a0 < a1 ? (a1 < a2 ? a1 : (a0 < a2 ? a2 : a0))
+                               : (a0 < a2 ? a0 : (a1 < a2 ? a2 : a1));
+        ptrdiff_t i = lo, j = hi;
+        /* Hoare partition: stops on equal keys, so rows full of ties stay linear. */
+        while (i <= j) {
+            while (a[i] < pivot) i++;
+            while (a[j] > pivot) j--;
+            if (i <= j) {
+                double tmp = a[i]; a[i] = a[j]; a[j] = tmp;
+                i++; j--;
+            }
+        }
+        if (k <= j) hi = j;
+        else if (k >= i) lo = i;
+        else return a[k];
+    }
+    return a[k];
+}
+
+/* Top-p threshold from candidate (value, weight) pairs: the largest value v such
+ * that the weight of all candidates with value >= v reaches `target`.  A
+ * quickselect on mass: expected O(n), no sort.  Ties stay together. */
+static double sd_mass_threshold(double *vals, double *ws, ptrdiff_t n, double target)
+{
+    ptrdiff_t lo = 0, hi = n;
+    double above = 0.0; /* weight of candidates known to lie above [lo, hi) */
+    double pivot = vals[0];
+    while (hi > lo) {
+        pivot = vals[lo + (hi - lo) / 2];
+        /* three-way partition of [lo, hi): > pivot | == pivot | < pivot */
+        ptrdiff_t gt = lo, i = lo, lt = hi;
+        double mass_gt = 0.0, mass_eq = 0.0;
+        while (i < lt) {
+            double v = vals[i], w = ws[i];
+            if (v > pivot) {
+                vals[i] = vals[gt]; ws[i] = ws[gt];
+                vals[gt] = v; ws[gt] = w;
+                mass_gt += w;
+                gt++; i++;
+            } else if (v < pivot) {
+                lt--;
+                vals[i] = vals[lt]; ws[i] = ws[lt];
+                vals[lt] = v; ws[lt] = w;
+            } else {
+                mass_eq += w;
+                i++;
+            }
+        }
+        if (gt > lo && above + mass_gt >= target) {
+            hi = gt;
+        } else if (above + mass_gt + mass_eq >= target) {
+            return pivot;
+        } else {
+            above += mass_gt + mass_eq;
+            lo = lt;
+        }
+    }
+    /* Rounding left the target just out of reach: keep every candidate. */
+    return pivot;
+}
+
+#define SD_T float
+#define SD_SUFFIX(name) name##_f32
+#include "_kernels_row.h"
+#undef SD_T
+#undef SD_SUFFIX
+
+#define SD_T double
+#define SD_SUFFIX(name) name##_f64
+#include "_kernels_row.h"
+#undef SD_T
+#undef SD_SUFFIX
+
+#define SD_TP float
+#define SD_TQ float
+#define SD_SUFFIX(name) name##_f32_f32
+#include "_kernels_residual.h"
+#undef SD_TP
+#undef SD_TQ
+#undef SD_SUFFIX
+
+#define SD_TP float
+#define SD_TQ double
+#define SD_SUFFIX(name) name##_f32_f64
+#include "_kernels_residual.h"
+#undef SD_TP
+#undef SD_TQ
+#undef SD_SUFFIX
+
+#define SD_TP double
+#define SD_TQ float
+#define SD_SUFFIX(name) name##_f64_f32
+#include "_kernels_residual.h"
+#undef SD_TP
+#undef SD_TQ
+#undef SD_SUFFIX
+
+#define SD_TP double
+#define SD_TQ double
+#define SD_SUFFIX(name) name##_f64_f64
+#include "_kernels_residual.h"
+#undef SD_TP
+#undef SD_TQ
+#undef SD_SUFFIX
+
+#endif /* SPECDEC_KERNELS_H */

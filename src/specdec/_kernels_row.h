@@ -1,0 +1,121 @@
+/*
+ * Row kernels for one logits type: included by _kernels.h with SD_T (float or
+ * double) and SD_SUFFIX (appends _f32 or _f64 to a name).  See _kernels.h for the
+ * row law these functions compute.
+ */
+
+/* The row's maximum; *bad is set when the row holds a NaN or +inf. */
+SD_CLONES static double SD_SUFFIX(sd_max)(const SD_T *x, ptrdiff_t n, int *bad)
+{
+    SD_T m = -INFINITY;
+    int nan_seen = 0;
+#if !defined(_MSC_VER)
+#pragma omp simd reduction(max : m) reduction(| : nan_seen)
+#endif
+    for (ptrdiff_t i = 0; i < n; i++) {
+        SD_T v = x[i];
+        m = v > m ? v : m;
+        nan_seen |= (v != v);
+    }
+    *bad = nan_seen | (m == (SD_T)INFINITY);
+    return (double)m;
+}
+
+/* The first index holding `value` (greedy decoding breaks ties to the lowest id). */
+static ptrdiff_t SD_SUFFIX(sd_first_index)(const SD_T *x, ptrdiff_t n, double value)
+{
+    for (ptrdiff_t i = 0; i < n; i++) {
+        if ((double)x[i] == value) return i;
+    }
+    return n - 1;
+}
+
+/* Z = sum of the row's weights.  When `blocks` is not NULL, also stores the sum of
+ * each block of SD_BLOCK elements there, for sd_pick. */
+SD_CLONES static double SD_SUFFIX(sd_expsum)(const SD_T *x, ptrdiff_t n, double m, double inv_t,
+                                             double tau, double zmin, double *blocks)
+{
+    double total = 0.0;
+    ptrdiff_t b = 0;
+    for (ptrdiff_t start = 0; start < n; start += SD_BLOCK, b++) {
+        ptrdiff_t end = start + SD_BLOCK < n ? start + SD_BLOCK : n;
+        double s = 0.0;
+        SD_SIMD_SUM(s)
+        for (ptrdiff_t i = start; i < end; i++) {
+            s += sd_weight((double)x[i], m, inv_t, tau, zmin);
+        }
+        if (blocks) blocks[b] = s;
+        total += s;
+    }
+    return total;
+}
+
+/* Inverse-CDF draw: the first index whose cumulative weight exceeds `target`
+ * (target = u * Z, u in [0, 1)), found from the block sums and one rescanned block.
+ * Never returns an index of zero weight, and never one >= n: when rounding puts
+ * target past the last cumulative sum, the last index of positive weight wins. */
+SD_CLONES static ptrdiff_t SD_SUFFIX(sd_pick)(const SD_T *x, ptrdiff_t n, double m, double inv_t,
+                                              double tau, double zmin, const double *blocks,
+                                              double target)
+{
+    ptrdiff_t nblocks = (n + SD_BLOCK - 1) / SD_BLOCK;
+    ptrdiff_t chosen = -1, last_block = -1;
+    double acc = 0.0;
+    for (ptrdiff_t b = 0; b < nblocks; b++) {
+        if (!(blocks[b] > 0.0)) continue;
+        last_block = b;
+        if (acc + blocks[b] > target) {
+            chosen = b;
+            break;
+        }
+        acc += blocks[b];
+    }
+    if (chosen < 0) {
+        /* target >= total by rounding: take the last token of positive weight */
+        if (last_block < 0) return -1;
+        chosen = last_block;
+        acc -= blocks[last_block];
+        target = INFINITY;
+    }
+    ptrdiff_t start = chosen * SD_BLOCK;
+    ptrdiff_t end = start + SD_BLOCK < n ? start + SD_BLOCK : n;
+    ptrdiff_t last_positive = -1;
+    for (ptrdiff_t i = start; i < end; i++) {
+        double w = sd_weight((double)x[i], m, inv_t, tau, zmin);
+        if (w > 0.0) {
+            acc += w;
+            last_positive = i;
+            if (acc > target) return i;
+        }
+    }
+    return last_positive;
+}
+
+/* The k-th largest value of the row (1 <= k <= n), using `work` (n doubles). */
+static double SD_SUFFIX(sd_kth_largest)(const SD_T *x, ptrdiff_t n, ptrdiff_t k, double *work)
+{
+    for (ptrdiff_t i = 0; i < n; i++) work[i] = (double)x[i];
+    return sd_select_rank(work, n, n - k);
+}
+
+/* Top-p threshold over the tokens kept by the logit threshold tau: the largest
+ * logit v such that the tokens with logit >= v hold at least top_p of the mass z_kept.
+ * Tokens lighter than eps = (1 - top_p) * z_kept / n hold less than 1 - top_p of the
+ * mass together, so the threshold lies among the heavier ones: only those are
+ * gathered (halved eps for rounding), which makes the selection short on peaked rows. */
+static double SD_SUFFIX(sd_top_p_threshold)(const SD_T *x, ptrdiff_t n, double m, double inv_t,
+                                            double tau, double z_kept, double top_p,
+                                            double *vals, double *ws)
+{
+    double eps = 0.5 * (1.0 - top_p) * z_kept / (double)n;
+    ptrdiff_t count = 0;
+    for (ptrdiff_t i = 0; i < n; i++) {
+        double w = sd_weight((double)x[i], m, inv_t, tau, -INFINITY);
+        if (w > 0.0 && w >= eps) {
+            vals[count] = (double)x[i];
+            ws[count] = w;
+            count++;
+        }
+    }
+    return sd_mass_threshold(vals, ws, count, top_p * z_kept);
+}

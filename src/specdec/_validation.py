@@ -1,0 +1,161 @@
+"""Argument checks shared by every entry point: one clear error, before any work."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (numbers.Real, np.floating, np.integer)) and not isinstance(value, bool)
+
+
+def check_gamma(gamma) -> int:
+    """Number of draft tokens per step: an int >= 1."""
+    if not _is_int(gamma):
+        raise TypeError(f"gamma must be an int >= 1, got {type(gamma).__name__} {gamma!r}")
+    if gamma < 1:
+        raise ValueError(f"gamma must be an int >= 1, got {gamma}")
+    return int(gamma)
+
+
+def check_max_new_tokens(max_new_tokens) -> int:
+    """Token budget: an int >= 0."""
+    if not _is_int(max_new_tokens):
+        raise TypeError(
+            f"max_new_tokens must be an int >= 0, got {type(max_new_tokens).__name__}"
+        )
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    return int(max_new_tokens)
+
+
+def check_prompt(prompt_ids) -> np.ndarray:
+    """The prompt as a fresh int64 array: non-empty, one-dimensional, ids >= 0."""
+    if isinstance(prompt_ids, (str, bytes)):
+        raise TypeError("prompt_ids must be a sequence of int token ids, not a string")
+    try:
+        array = np.asarray(prompt_ids)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"prompt_ids must be a sequence of int token ids ({exc})") from None
+    if array.ndim != 1:
+        raise ValueError(f"prompt_ids must be one-dimensional, got shape {array.shape}")
+    if array.size == 0:
+        raise ValueError(
+            "prompt_ids is empty: the first new token needs the logits of a prompt token"
+        )
+    if array.dtype.kind not in "iu":
+        if array.dtype == object and all(_is_int(v) for v in array):
+            array = array.astype(np.int64)
+        else:
+            raise TypeError(f"prompt_ids must hold int token ids, got dtype {array.dtype}")
+    if array.min() < 0:
+        raise ValueError(f"prompt_ids holds a negative token id ({int(array.min())})")
+    return array.astype(np.int64)
+
+
+def check_eos(eos_token_id) -> int | None:
+    """End-of-sequence id: None or an int >= 0."""
+    if eos_token_id is None:
+        return None
+    if not _is_int(eos_token_id):
+        raise TypeError(f"eos_token_id must be an int or None, got {type(eos_token_id).__name__}")
+    if eos_token_id < 0:
+        raise ValueError(f"eos_token_id must be >= 0, got {eos_token_id}")
+    return int(eos_token_id)
+
+
+def check_token_range(prompt: np.ndarray, eos_token_id: int | None, vocab_size: int) -> None:
+    """Ids must lie in [0, V) once V is known."""
+    top = int(prompt.max())
+    if top >= vocab_size:
+        raise ValueError(f"prompt_ids holds token id {top}, outside [0, {vocab_size})")
+    if eos_token_id is not None and eos_token_id >= vocab_size:
+        raise ValueError(f"eos_token_id {eos_token_id} is outside [0, {vocab_size})")
+
+
+def make_rng(rng, seed=None) -> np.random.Generator:
+    """The generator a run draws from.
+
+    ``rng`` (a Generator or a seed) wins; else ``seed``; else one seed drawn from
+    NumPy's global state, so that ``np.random.seed(s)`` makes runs reproducible as it
+    did with the reference loop.
+    """
+    if rng is not None:
+        return as_generator(rng, "rng")
+    if seed is not None:
+        return as_generator(seed, "seed")
+    return np.random.default_rng(int(np.random.randint(0, 2**62, dtype=np.int64)))
+
+
+def as_generator(value, name: str) -> np.random.Generator:
+    """A ``numpy.random.Generator`` from a Generator or a non-negative int seed."""
+    if isinstance(value, np.random.Generator):
+        return value
+    if _is_int(value):
+        if value < 0:
+            raise ValueError(f"{name} must be a non-negative int seed, got {value}")
+        return np.random.default_rng(int(value))
+    if isinstance(value, np.random.SeedSequence):
+        return np.random.default_rng(value)
+    raise TypeError(
+        f"{name} must be a numpy.random.Generator or an int seed, got {type(value).__name__}"
+    )
+
+
+@dataclass(frozen=True)
+class SamplingControls:
+    """Validated temperature, top-k, top-p and min-p, in the kernels' encoding.
+
+    ``top_k = 0``, ``top_p = 1.0`` and ``min_p = 0.0`` mean "off";
+    ``temperature = 0.0`` means greedy.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    @classmethod
+    def from_user(cls, temperature=1.0, top_k=None, top_p=None, min_p=None) -> "SamplingControls":
+        """Check the user's values and encode them; raises TypeError/ValueError."""
+        if not _is_real(temperature):
+            raise TypeError(f"temperature must be a real number >= 0, got {type(temperature).__name__}")
+        if not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+        if temperature != 0 and not math.isfinite(1.0 / temperature):
+            raise ValueError(f"temperature {temperature} is too small; use 0 for greedy decoding")
+        k = 0
+        if top_k is not None:
+            if not _is_int(top_k):
+                raise TypeError(f"top_k must be a positive int or None, got {type(top_k).__name__}")
+            if top_k < 1:
+                raise ValueError(f"top_k must be a positive int or None, got {top_k}")
+            k = int(top_k)
+        p = 1.0
+        if top_p is not None:
+            if not _is_real(top_p):
+                raise TypeError(f"top_p must be a number in (0, 1] or None, got {type(top_p).__name__}")
+            if not 0.0 < top_p <= 1.0:
+                raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+            p = float(top_p)
+        mp = 0.0
+        if min_p is not None:
+            if not _is_real(min_p):
+                raise TypeError(f"min_p must be a number in [0, 1) or None, got {type(min_p).__name__}")
+            if not 0.0 <= min_p < 1.0:
+                raise ValueError(f"min_p must be in [0, 1), got {min_p}")
+            mp = float(min_p)
+        return cls(float(temperature), k, p, mp)
+
+    @property
+    def kernel_args(self) -> tuple:
+        """(temperature, top_k, top_p, min_p) as the kernels take them."""
+        return (self.temperature, self.top_k, self.top_p, self.min_p)
