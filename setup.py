@@ -38,8 +38,11 @@ def _extensions():
         compile_args = ["/O2" if not debug else "/Od"]
     else:
         # -fopenmp-simd honours the reduction pragmas in _kernels_*.h without
-        # linking an OpenMP runtime; never -ffast-math (see _kernels.h).
-        compile_args = ["-O3" if not debug else "-O0", "-fopenmp-simd", "-g0" if not debug else "-g"]
+        # linking an OpenMP runtime.  -ffp-contract=off keeps every multiply and
+        # add a separate IEEE operation, as NumPy performs them in the Python twin
+        # (bit-identical weights); never -ffast-math (see _kernels.h).
+        compile_args = ["-O3" if not debug else "-O0", "-fopenmp-simd", "-ffp-contract=off",
+                        "-g0" if not debug else "-g"]
     core = Extension(
         "specdec._core",
         sources=["src/specdec/_core.pyx"],

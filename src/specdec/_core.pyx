@@ -26,16 +26,15 @@ from specdec._common import BLOCK_SIZE, InvalidLogitsError
 
 cdef extern from "_kernels.h" nogil:
     int SD_BLOCK
-    double sd_weight(double x, double m, double inv_t, double tau, double zmin)
 
     double sd_max_f32(const float *x, Py_ssize_t n, int *bad)
     double sd_max_f64(const double *x, Py_ssize_t n, int *bad)
     Py_ssize_t sd_first_index_f32(const float *x, Py_ssize_t n, double value)
     Py_ssize_t sd_first_index_f64(const double *x, Py_ssize_t n, double value)
     double sd_expsum_f32(const float *x, Py_ssize_t n, double m, double inv_t,
-                         double tau, double zmin, double *blocks)
+                         double tau, double zmin, double *blocks, float *weights)
     double sd_expsum_f64(const double *x, Py_ssize_t n, double m, double inv_t,
-                         double tau, double zmin, double *blocks)
+                         double tau, double zmin, double *blocks, double *weights)
     Py_ssize_t sd_pick_f32(const float *x, Py_ssize_t n, double m, double inv_t, double tau,
                            double zmin, const double *blocks, double target)
     Py_ssize_t sd_pick_f64(const double *x, Py_ssize_t n, double m, double inv_t, double tau,
@@ -49,30 +48,26 @@ cdef extern from "_kernels.h" nogil:
                                   double tau, double z_kept, double top_p,
                                   double *vals, double *ws)
 
-    double sd_residual_sum_f32_f32(const float *xp, const float *xq, Py_ssize_t n,
-                                   const double *law_p, const double *law_q, double inv_t,
-                                   double *blocks)
-    double sd_residual_sum_f32_f64(const float *xp, const double *xq, Py_ssize_t n,
-                                   const double *law_p, const double *law_q, double inv_t,
-                                   double *blocks)
-    double sd_residual_sum_f64_f32(const double *xp, const float *xq, Py_ssize_t n,
-                                   const double *law_p, const double *law_q, double inv_t,
-                                   double *blocks)
-    double sd_residual_sum_f64_f64(const double *xp, const double *xq, Py_ssize_t n,
-                                   const double *law_p, const double *law_q, double inv_t,
-                                   double *blocks)
-    Py_ssize_t sd_residual_pick_f32_f32(const float *xp, const float *xq, Py_ssize_t n,
-                                        const double *law_p, const double *law_q,
-                                        double inv_t, const double *blocks, double target)
-    Py_ssize_t sd_residual_pick_f32_f64(const float *xp, const double *xq, Py_ssize_t n,
-                                        const double *law_p, const double *law_q,
-                                        double inv_t, const double *blocks, double target)
-    Py_ssize_t sd_residual_pick_f64_f32(const double *xp, const float *xq, Py_ssize_t n,
-                                        const double *law_p, const double *law_q,
-                                        double inv_t, const double *blocks, double target)
-    Py_ssize_t sd_residual_pick_f64_f64(const double *xp, const double *xq, Py_ssize_t n,
-                                        const double *law_p, const double *law_q,
-                                        double inv_t, const double *blocks, double target)
+    double sd_residual_sum_f32_f32(const float *wp, const float *wq, Py_ssize_t n,
+                                   double zp, double zq, double *blocks)
+    Py_ssize_t sd_residual_pick_f32_f32(const float *wp, const float *wq, Py_ssize_t n,
+                                        double zp, double zq, const double *blocks,
+                                        double target)
+    double sd_residual_sum_f32_f64(const float *wp, const double *wq, Py_ssize_t n,
+                                   double zp, double zq, double *blocks)
+    Py_ssize_t sd_residual_pick_f32_f64(const float *wp, const double *wq, Py_ssize_t n,
+                                        double zp, double zq, const double *blocks,
+                                        double target)
+    double sd_residual_sum_f64_f32(const double *wp, const float *wq, Py_ssize_t n,
+                                   double zp, double zq, double *blocks)
+    Py_ssize_t sd_residual_pick_f64_f32(const double *wp, const float *wq, Py_ssize_t n,
+                                        double zp, double zq, const double *blocks,
+                                        double target)
+    double sd_residual_sum_f64_f64(const double *wp, const double *wq, Py_ssize_t n,
+                                   double zp, double zq, double *blocks)
+    Py_ssize_t sd_residual_pick_f64_f64(const double *wp, const double *wq, Py_ssize_t n,
+                                        double zp, double zq, const double *blocks,
+                                        double target)
 
 assert SD_BLOCK == BLOCK_SIZE, "_kernels.h and _common.py disagree on the block size"
 
@@ -113,6 +108,7 @@ cdef class Workspace:
     cdef double *blocks
     cdef double *values
     cdef double *weights
+    cdef void *row_weights  # a target row's weights, in the row's type
 
     def __cinit__(self, Py_ssize_t vocab_size):
         if vocab_size < 1:
@@ -121,13 +117,16 @@ cdef class Workspace:
         self.blocks = <double *> malloc(((vocab_size + SD_BLOCK - 1) // SD_BLOCK) * sizeof(double))
         self.values = <double *> malloc(vocab_size * sizeof(double))
         self.weights = <double *> malloc(vocab_size * sizeof(double))
-        if self.blocks == NULL or self.values == NULL or self.weights == NULL:
+        self.row_weights = malloc(vocab_size * sizeof(double))
+        if (self.blocks == NULL or self.values == NULL or self.weights == NULL
+                or self.row_weights == NULL):
             raise MemoryError()
 
     def __dealloc__(self):
         free(self.blocks)
         free(self.values)
         free(self.weights)
+        free(self.row_weights)
 
 
 # --- dispatch from fused types to the C template instances --------------------------
@@ -145,11 +144,11 @@ cdef inline Py_ssize_t first_index(const real *x, Py_ssize_t n, double value) no
         return sd_first_index_f64(x, n, value)
 
 cdef inline double expsum(const real *x, Py_ssize_t n, const double *law, double inv_t,
-                          double *blocks) noexcept nogil:
+                          double *blocks, real *weights) noexcept nogil:
     if real is float:
-        return sd_expsum_f32(x, n, law[0], inv_t, law[1], law[2], blocks)
+        return sd_expsum_f32(x, n, law[0], inv_t, law[1], law[2], blocks, weights)
     else:
-        return sd_expsum_f64(x, n, law[0], inv_t, law[1], law[2], blocks)
+        return sd_expsum_f64(x, n, law[0], inv_t, law[1], law[2], blocks, weights)
 
 cdef inline Py_ssize_t pick(const real *x, Py_ssize_t n, const double *law, double inv_t,
                             const double *blocks, double target) noexcept nogil:
@@ -158,40 +157,40 @@ cdef inline Py_ssize_t pick(const real *x, Py_ssize_t n, const double *law, doub
     else:
         return sd_pick_f64(x, n, law[0], inv_t, law[1], law[2], blocks, target)
 
-cdef inline double residual_sum(const target_t *xp, const draft_t *xq, Py_ssize_t n,
-                                const double *law_p, const double *law_q, double inv_t,
-                                double *blocks) noexcept nogil:
+cdef inline double residual_sum(const target_t *wp, const draft_t *wq, Py_ssize_t n,
+                                double zp, double zq, double *blocks) noexcept nogil:
     if target_t is float:
         if draft_t is float:
-            return sd_residual_sum_f32_f32(xp, xq, n, law_p, law_q, inv_t, blocks)
+            return sd_residual_sum_f32_f32(wp, wq, n, zp, zq, blocks)
         else:
-            return sd_residual_sum_f32_f64(xp, xq, n, law_p, law_q, inv_t, blocks)
+            return sd_residual_sum_f32_f64(wp, wq, n, zp, zq, blocks)
     else:
         if draft_t is float:
-            return sd_residual_sum_f64_f32(xp, xq, n, law_p, law_q, inv_t, blocks)
+            return sd_residual_sum_f64_f32(wp, wq, n, zp, zq, blocks)
         else:
-            return sd_residual_sum_f64_f64(xp, xq, n, law_p, law_q, inv_t, blocks)
+            return sd_residual_sum_f64_f64(wp, wq, n, zp, zq, blocks)
 
-cdef inline Py_ssize_t residual_pick(const target_t *xp, const draft_t *xq, Py_ssize_t n,
-                                     const double *law_p, const double *law_q, double inv_t,
-                                     const double *blocks, double target) noexcept nogil:
+cdef inline Py_ssize_t residual_pick(const target_t *wp, const draft_t *wq, Py_ssize_t n,
+                                     double zp, double zq, const double *blocks,
+                                     double target) noexcept nogil:
     if target_t is float:
         if draft_t is float:
-            return sd_residual_pick_f32_f32(xp, xq, n, law_p, law_q, inv_t, blocks, target)
+            return sd_residual_pick_f32_f32(wp, wq, n, zp, zq, blocks, target)
         else:
-            return sd_residual_pick_f32_f64(xp, xq, n, law_p, law_q, inv_t, blocks, target)
+            return sd_residual_pick_f32_f64(wp, wq, n, zp, zq, blocks, target)
     else:
         if draft_t is float:
-            return sd_residual_pick_f64_f32(xp, xq, n, law_p, law_q, inv_t, blocks, target)
+            return sd_residual_pick_f64_f32(wp, wq, n, zp, zq, blocks, target)
         else:
-            return sd_residual_pick_f64_f64(xp, xq, n, law_p, law_q, inv_t, blocks, target)
+            return sd_residual_pick_f64_f64(wp, wq, n, zp, zq, blocks, target)
 
 
 # --- the row law under the sampling controls -----------------------------------------
 
 cdef int row_law(const real *x, Py_ssize_t n, const Controls *c, Workspace work,
-                 double *law) noexcept nogil:
-    """Fill law = {m, tau, zmin, Z} for one row; return 0 or an error code.
+                 double *law, real *weights) noexcept nogil:
+    """Fill law = {m, tau, zmin, Z} for one row, the block sums of its weights in
+    work.blocks and its weights in ``weights``; return 0 or an error code.
 
     Order of the controls (as in Hugging Face's warpers): temperature, then top-k,
     then top-p over the top-k survivors, then min-p.  All three keep an upper set of
@@ -214,7 +213,7 @@ cdef int row_law(const real *x, Py_ssize_t n, const Controls *c, Workspace work,
         else:
             law[1] = sd_kth_largest_f64(x, n, c.top_k, work.values)
     if c.top_p < 1.0:
-        z_kept = expsum(x, n, law, c.inv_t, NULL)
+        z_kept = expsum(x, n, law, c.inv_t, NULL, <real *> NULL)
         if real is float:
             tau_p = sd_top_p_threshold_f32(x, n, m, c.inv_t, law[1], z_kept, c.top_p,
                                            work.values, work.weights)
@@ -224,12 +223,8 @@ cdef int row_law(const real *x, Py_ssize_t n, const Controls *c, Workspace work,
         if tau_p > law[1]:
             law[1] = tau_p
     law[2] = c.zmin
-    law[3] = expsum(x, n, law, c.inv_t, work.blocks)
+    law[3] = expsum(x, n, law, c.inv_t, work.blocks, weights)
     return 0
-
-
-cdef inline double prob_of(real value, const double *law, double inv_t) noexcept nogil:
-    return sd_weight(<double> value, law[0], inv_t, law[1], law[2]) / law[3]
 
 
 cdef Controls make_controls(double temperature, Py_ssize_t top_k, double top_p, double min_p):
@@ -248,7 +243,8 @@ cdef bitgen_t *bitgen_of(object bit_generator) except NULL:
 # --- entry points ----------------------------------------------------------------------
 
 def sample_token(const real[::1] logits, double temperature, Py_ssize_t top_k, double top_p,
-                 double min_p, object rng, double[::1] law_out, Workspace work):
+                 double min_p, object rng, double[::1] law_out, real[::1] weights_out,
+                 Workspace work):
     """Draw one token from a row of logits under the sampling controls.
 
     Parameters
@@ -266,8 +262,10 @@ def sample_token(const real[::1] logits, double temperature, Py_ssize_t top_k, d
     rng : numpy.random.Generator
         Source of the one uniform drawn.
     law_out : ndarray of float64, shape (4,)
-        Receives the row law ``{m, tau, zmin, Z}``, which ``verify`` needs to
-        evaluate the draft's probabilities again (unset for greedy).
+        Receives the row law ``{m, tau, zmin, Z}`` (unset for greedy).
+    weights_out : ndarray of the logits' dtype, shape (V,)
+        Receives the row's unnormalised weights: the draft law q is
+        ``weights_out / law_out[3]``, which ``verify`` needs (unset for greedy).
     work : Workspace
         Scratch memory for ``V`` logits.
 
@@ -282,8 +280,8 @@ def sample_token(const real[::1] logits, double temperature, Py_ssize_t top_k, d
         The row holds NaN or +inf, or only -inf.
     """
     cdef Py_ssize_t n = logits.shape[0]
-    if n != work.vocab_size or law_out.shape[0] < 4:
-        raise ValueError("logits, law_out and work do not match in size")
+    if n != work.vocab_size or weights_out.shape[0] != n or law_out.shape[0] < 4:
+        raise ValueError("logits, law_out, weights_out and work do not match in size")
     cdef const real *x = &logits[0]
     cdef int bad = 0, err = 0
     cdef double m
@@ -302,7 +300,7 @@ def sample_token(const real[::1] logits, double temperature, Py_ssize_t top_k, d
     bit_generator = rng.bit_generator
     cdef bitgen_t *bitgen = bitgen_of(bit_generator)
     with bit_generator.lock, nogil:
-        err = row_law(x, n, &c, work, law)
+        err = row_law(x, n, &c, work, law, &weights_out[0])
         if err == 0:
             token = pick(x, n, law, c.inv_t, work.blocks,
                          bitgen.next_double(bitgen.state) * law[3])
@@ -311,7 +309,7 @@ def sample_token(const real[::1] logits, double temperature, Py_ssize_t top_k, d
     return token
 
 
-def verify(const target_t[:, ::1] target_rows, const draft_t[:, ::1] draft_rows,
+def verify(const target_t[:, ::1] target_rows, const draft_t[:, ::1] draft_weights,
            const int64_t[::1] draft_tokens, const double[:, ::1] draft_laws, bint bonus,
            double temperature, Py_ssize_t top_k, double top_p, double min_p, object rng,
            Workspace work):
@@ -327,12 +325,12 @@ def verify(const target_t[:, ::1] target_rows, const draft_t[:, ::1] draft_rows,
     target_rows : ndarray of float32 or float64, shape (n + 1, V)
         The target's logits at the positions predicting each draft token and the
         bonus token: row i predicts ``draft_tokens[i]``.
-    draft_rows : ndarray of float32 or float64, shape (>= n, V)
-        The draft's logits that ``draft_tokens`` were drawn from.
+    draft_weights : ndarray of float32 or float64, shape (>= n, V)
+        The weights ``sample_token`` returned for each draft token (unused for greedy).
     draft_tokens : ndarray of int64, shape (n,)
         The drafted tokens.
     draft_laws : ndarray of float64, shape (>= n, 4)
-        The laws ``sample_token`` returned for each draft row.
+        The laws ``sample_token`` returned for each draft token (unused for greedy).
     bonus : bool
         Whether to draw a bonus token when every draft is kept.
     temperature, top_k, top_p, min_p, rng, work
@@ -353,8 +351,8 @@ def verify(const target_t[:, ::1] target_rows, const draft_t[:, ::1] draft_rows,
     cdef Py_ssize_t n_draft = draft_tokens.shape[0]
     cdef Py_ssize_t n = target_rows.shape[1]
     cdef Py_ssize_t i
-    if (target_rows.shape[0] != n_draft + 1 or draft_rows.shape[0] < n_draft
-            or draft_rows.shape[1] != n or draft_laws.shape[0] < n_draft
+    if (target_rows.shape[0] != n_draft + 1 or draft_weights.shape[0] < n_draft
+            or draft_weights.shape[1] != n or draft_laws.shape[0] < n_draft
             or draft_laws.shape[1] < 4 or n != work.vocab_size):
         raise ValueError("verify: the shapes of the rows, tokens, laws and work disagree")
     for i in range(n_draft):
@@ -381,35 +379,38 @@ def verify(const target_t[:, ::1] target_rows, const draft_t[:, ::1] draft_rows,
     cdef double law_p[4]
     cdef double p, q, u, mass
     cdef Py_ssize_t n_accepted = n_draft, token = -1, x
+    # the current target row's weights, kept for the residual if its draft is rejected
+    cdef target_t *weights_p = <target_t *> work.row_weights
     bit_generator = rng.bit_generator
     cdef bitgen_t *bitgen = bitgen_of(bit_generator)
     with bit_generator.lock, nogil:
         for i in range(n_draft):
-            err = row_law(&target_rows[i, 0], n, &c, work, law_p)
+            err = row_law(&target_rows[i, 0], n, &c, work, law_p, weights_p)
             if err:
                 break
             x = draft_tokens[i]
-            p = prob_of(target_rows[i, x], law_p, c.inv_t)
-            q = prob_of(draft_rows[i, x], &draft_laws[i, 0], c.inv_t)
+            p = <double> weights_p[x] / law_p[3]
+            q = <double> draft_weights[i, x] / draft_laws[i, 3]
             u = bitgen.next_double(bitgen.state)
             if u * q < p:
                 continue
             n_accepted = i
-            mass = residual_sum(&target_rows[i, 0], &draft_rows[i, 0], n, law_p,
-                                &draft_laws[i, 0], c.inv_t, work.blocks)
+            mass = residual_sum(weights_p, &draft_weights[i, 0], n, law_p[3], draft_laws[i, 3],
+                                work.blocks)
             u = bitgen.next_double(bitgen.state)
             if mass > 0.0:
-                token = residual_pick(&target_rows[i, 0], &draft_rows[i, 0], n, law_p,
-                                      &draft_laws[i, 0], c.inv_t, work.blocks, u * mass)
+                token = residual_pick(weights_p, &draft_weights[i, 0], n, law_p[3],
+                                      draft_laws[i, 3], work.blocks, u * mass)
             else:
                 # p and q agree to rounding although the draft was rejected: the
                 # residual is empty in floating point, so fall back on p itself.
-                law_p[3] = expsum(&target_rows[i, 0], n, law_p, c.inv_t, work.blocks)
+                law_p[3] = expsum(&target_rows[i, 0], n, law_p, c.inv_t, work.blocks,
+                                  <target_t *> NULL)
                 token = pick(&target_rows[i, 0], n, law_p, c.inv_t, work.blocks, u * law_p[3])
             break
         if err == 0 and n_accepted == n_draft and bonus:
             i = n_draft
-            err = row_law(&target_rows[i, 0], n, &c, work, law_p)
+            err = row_law(&target_rows[i, 0], n, &c, work, law_p, weights_p)
             if err == 0:
                 token = pick(&target_rows[i, 0], n, law_p, c.inv_t, work.blocks,
                              bitgen.next_double(bitgen.state) * law_p[3])

@@ -198,7 +198,9 @@ class SpeculativeDecoder:
         run = _Run(prompt, max_new_tokens)
         stats = SpeculativeDecodingStats(accepted_length_histogram=[0] * (self.gamma + 1))
         kernels, controls = self._kernels, self._controls.kernel_args
-        draft_rows = laws = work = None
+        # Per draft token: its law and its weights (q = weights / law[3]), kept for
+        # verify, so the draft's output array itself is never held on to.
+        draft_weights = laws = work = None
         while run.length < run.limit:
             start = run.length
             n_draft = 0
@@ -209,14 +211,11 @@ class SpeculativeDecoder:
                     check_token_range(prompt, eos, draft.vocab_size)
                     work = kernels.Workspace(draft.vocab_size)
                     laws = np.zeros((self.gamma, 4))
-                if draft_rows is None or draft_rows.dtype != row.dtype:
-                    draft_rows = np.empty((self.gamma, draft.vocab_size), dtype=row.dtype)
-                # Copied because verify needs the whole q row after later draft calls,
-                # and a model may reuse its output buffer.
-                draft_rows[n_draft] = row
+                if draft_weights is None or draft_weights.dtype != row.dtype:
+                    draft_weights = np.empty((self.gamma, draft.vocab_size), dtype=row.dtype)
                 try:
-                    token = kernels.sample_token(draft_rows[n_draft], *controls, generator,
-                                                 laws[n_draft], work)
+                    token = kernels.sample_token(row, *controls, generator, laws[n_draft],
+                                                 draft_weights[n_draft], work)
                 except InvalidLogitsError as error:
                     raise draft.invalid_logits(error, position - 1) from None
                 run.tokens[position] = token
@@ -230,7 +229,7 @@ class SpeculativeDecoder:
             drafted = run.tokens[start:start + n_draft]
             bonus = drafted[-1] != eos and start + n_draft < run.limit
             try:
-                n_accepted, token = kernels.verify(rows, draft_rows, drafted, laws, bonus,
+                n_accepted, token = kernels.verify(rows, draft_weights, drafted, laws, bonus,
                                                    *controls, generator, work)
             except InvalidLogitsError as error:
                 raise target.invalid_logits(error, start - 1) from None
@@ -308,14 +307,16 @@ def sample(target_model, prompt_ids, max_new_tokens: int = 50, eos_token_id=None
     run = _Run(prompt, max_new_tokens)
     stats = SpeculativeDecodingStats(accepted_length_histogram=[0])
     law = np.zeros(4)
-    work = None
+    weights = work = None
     while run.length < run.limit:
         row = target.last_rows(run.ids[:, :run.length], 1)[0]
         if work is None:
             check_token_range(prompt, eos, target.vocab_size)
             work = kernels.Workspace(target.vocab_size)
+        if weights is None or weights.dtype != row.dtype:
+            weights = np.empty(target.vocab_size, dtype=row.dtype)
         try:
-            token = kernels.sample_token(row, *controls, generator, law, work)
+            token = kernels.sample_token(row, *controls, generator, law, weights, work)
         except InvalidLogitsError as error:
             raise target.invalid_logits(error, run.length - 1) from None
         run.tokens[run.length] = token

@@ -41,23 +41,68 @@ def _row_max(row: np.ndarray, index: int) -> float:
     return m
 
 
+_F32, _F64 = np.float32, np.float64
+_LOWEST = {np.dtype(_F32): _F32(-87.0), np.dtype(_F64): _F64(-708.0)}
+_CEPHES_EXPF = [_F32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+                                  4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)]
+_TAYLOR_12 = [_F64(1.0 / math.factorial(k)) for k in range(12, -1, -1)]
+
+
+def _fmaf(a, b, c):
+    """float32 fused multiply-add: exact product in float64, one add, round to float.
+
+    Equals C's fmaf except when the float64 rounding of the sum lands on a float32
+    tie (probability about 2^-29); see _kernels.h."""
+    return (a.astype(_F64) * _F64(b) + _F64(c) if np.ndim(c) == 0 else
+            a.astype(_F64) * _F64(b) + c.astype(_F64)).astype(_F32)
+
+
+def _exp_f32(z):
+    """``sd_exp_f32`` of _kernels.h, operation for operation."""
+    magic = _F32(12582912.0)
+    t = _fmaf(z, _F32(1.44269504088896341), magic)
+    n = t - magic
+    r = _fmaf(n, _F32(-0.693359375), z)
+    r = _fmaf(n, _F32(2.12194440e-4), r)
+    p = np.full_like(r, _CEPHES_EXPF[0])
+    for coefficient in _CEPHES_EXPF[1:]:
+        p = _fmaf(p, r, coefficient)
+    p = (p.astype(_F64) * (r * r).astype(_F64) + r.astype(_F64)).astype(_F32)
+    p = p + _F32(1.0)
+    scale = ((t.view(np.int32) - np.int32(0x4B400000 - 127)) << np.int32(23)).view(_F32)
+    return p * scale
+
+
+def _exp_f64(z):
+    """``sd_exp_f64`` of _kernels.h, operation for operation (no FMA: exact twin)."""
+    magic = _F64(6755399441055744.0)
+    t = z * _F64(1.4426950408889634) + magic
+    n = t - magic
+    r = z - n * _F64(6.93145751953125e-1)
+    r = r - n * _F64(1.42860682030941723212e-6)
+    p = np.full_like(r, _TAYLOR_12[0])
+    for coefficient in _TAYLOR_12[1:]:
+        p = p * r + coefficient
+    scale = ((t.view(np.int64) - np.int64(0x4338000000000000 - 1023)) << np.int64(52)).view(_F64)
+    return p * scale
+
+
 def _weights(x: np.ndarray, law, inv_t: float) -> np.ndarray:
-    """Unnormalised weights of a row (``x`` in float64) under ``law = (m, tau, zmin, ...)``."""
-    z = (x - law[0]) * inv_t
-    w = np.exp(z)
-    w[(x < law[1]) | (z < law[2])] = 0.0
+    """Unnormalised weights of a row under ``law = (m, tau, zmin, ...)``, in the row's
+    dtype: ``sd_weight_*`` of _kernels.h."""
+    real = x.dtype.type
+    z = (x - real(law[0])) * real(inv_t)
+    with np.errstate(all="ignore"):  # z = -inf or below the bound: masked below
+        w = _exp_f32(z) if real is _F32 else _exp_f64(z)
+    zlow = max(real(law[2]), _LOWEST[x.dtype])
+    w[~((x >= real(law[1])) & (z >= zlow))] = 0.0
     return w
 
 
-def _weight_at(value: float, law, inv_t: float) -> float:
-    z = (value - law[0]) * inv_t
-    if value < law[1] or z < law[2]:
-        return 0.0
-    return math.exp(z)
-
-
 def _top_p_threshold(x: np.ndarray, w: np.ndarray, top_p: float) -> float:
-    """The largest logit v such that tokens with logit >= v hold top_p of the mass."""
+    """The largest logit v such that tokens with logit >= v hold top_p of the mass.
+
+    ``x`` and ``w`` in float64."""
     z_kept = float(w.sum())
     # Same candidate cut as the compiled core: lighter tokens cannot hold the threshold.
     eps = 0.5 * (1.0 - top_p) * z_kept / len(x)
@@ -71,21 +116,20 @@ def _top_p_threshold(x: np.ndarray, w: np.ndarray, top_p: float) -> float:
 
 def _row_law(row: np.ndarray, index: int, inv_t: float, top_k: int, top_p: float,
              min_p: float):
-    """(x, law, w): the row in float64, its law [m, tau, zmin, Z] and its weights."""
+    """(law, w): the row's law [m, tau, zmin, Z] and its weights in float64."""
     m = _row_max(row, index)
-    x = row.astype(np.float64)
-    n = len(x)
+    n = len(row)
     tau = -math.inf
     if 0 < top_k < n:
-        tau = float(np.partition(x, n - top_k)[n - top_k])
+        tau = float(np.partition(row, n - top_k)[n - top_k])
     if top_p < 1.0:
-        w_kept = _weights(x, (m, tau, -math.inf), inv_t)
-        tau = max(tau, _top_p_threshold(x, w_kept, top_p))
+        w_kept = _weights(row, (m, tau, -math.inf), inv_t).astype(np.float64)
+        tau = max(tau, _top_p_threshold(row.astype(np.float64), w_kept, top_p))
     zmin = math.log(min_p) if min_p > 0.0 else -math.inf
     law = [m, tau, zmin, 0.0]
-    w = _weights(x, law, inv_t)
+    w = _weights(row, law, inv_t).astype(np.float64)
     law[3] = float(w.sum())
-    return x, law, w
+    return law, w
 
 
 def _pick(w: np.ndarray, u: float) -> int:
@@ -97,22 +141,25 @@ def _pick(w: np.ndarray, u: float) -> int:
     return i
 
 
-def sample_token(logits, temperature, top_k, top_p, min_p, rng, law_out, work):
+def sample_token(logits, temperature, top_k, top_p, min_p, rng, law_out, weights_out, work):
     """Draw one token from a row of logits under the sampling controls.
 
     Twin of ``specdec._core.sample_token``; see its docstring.
     """
-    if len(logits) != work.vocab_size or len(law_out) < 4:
-        raise ValueError("logits, law_out and work do not match in size")
+    if len(logits) != work.vocab_size or len(weights_out) != len(logits) or len(law_out) < 4:
+        raise ValueError("logits, law_out, weights_out and work do not match in size")
+    if weights_out.dtype != logits.dtype:
+        raise ValueError("weights_out must have the dtype of logits")
     if temperature == 0.0:
         _row_max(logits, 0)
         return int(np.argmax(logits))
-    _, law, w = _row_law(logits, 0, 1.0 / temperature, top_k, top_p, min_p)
+    law, w = _row_law(logits, 0, 1.0 / temperature, top_k, top_p, min_p)
     law_out[:4] = law
+    weights_out[:] = w
     return _pick(w, rng.random())
 
 
-def verify(target_rows, draft_rows, draft_tokens, draft_laws, bonus, temperature, top_k,
+def verify(target_rows, draft_weights, draft_tokens, draft_laws, bonus, temperature, top_k,
            top_p, min_p, rng, work):
     """Verify a block of drafted tokens against the target's rows.
 
@@ -120,8 +167,8 @@ def verify(target_rows, draft_rows, draft_tokens, draft_laws, bonus, temperature
     """
     n_draft = len(draft_tokens)
     n = target_rows.shape[1]
-    if (target_rows.shape[0] != n_draft + 1 or draft_rows.shape[0] < n_draft
-            or draft_rows.shape[1] != n or len(draft_laws) < n_draft or n != work.vocab_size):
+    if (target_rows.shape[0] != n_draft + 1 or draft_weights.shape[0] < n_draft
+            or draft_weights.shape[1] != n or len(draft_laws) < n_draft or n != work.vocab_size):
         raise ValueError("verify: the shapes of the rows, tokens, laws and work disagree")
     for token in draft_tokens:
         if not 0 <= token < n:
@@ -138,15 +185,15 @@ def verify(target_rows, draft_rows, draft_tokens, draft_laws, bonus, temperature
 
     inv_t = 1.0 / temperature
     for i in range(n_draft):
-        x, law_p, w_p = _row_law(target_rows[i], i, inv_t, top_k, top_p, min_p)
+        law_p, w_p = _row_law(target_rows[i], i, inv_t, top_k, top_p, min_p)
         token = int(draft_tokens[i])
         law_q = draft_laws[i]
         p = w_p[token] / law_p[3]
-        q = _weight_at(float(draft_rows[i, token]), law_q, inv_t) / law_q[3]
+        q = float(draft_weights[i, token]) / law_q[3]
         if rng.random() * q < p:
             continue
         p_row = w_p * (1.0 / law_p[3])
-        q_row = _weights(draft_rows[i].astype(np.float64), law_q, inv_t) * (1.0 / law_q[3])
+        q_row = draft_weights[i].astype(np.float64) * (1.0 / law_q[3])
         # A comparison, not a clamp of the difference: the support is exactly p > q.
         residual = np.where(p_row > q_row, p_row - q_row, 0.0)
         u = rng.random()
@@ -157,5 +204,5 @@ def verify(target_rows, draft_rows, draft_tokens, draft_laws, bonus, temperature
         return i, _pick(w_p, u)
     if not bonus:
         return n_draft, -1
-    _, _, w = _row_law(target_rows[n_draft], n_draft, inv_t, top_k, top_p, min_p)
+    _, w = _row_law(target_rows[n_draft], n_draft, inv_t, top_k, top_p, min_p)
     return n_draft, _pick(w, rng.random())

@@ -13,6 +13,9 @@
  * twin in _fallback.py computes the same quantities with NumPy; the two differ only
  * by the rounding of exp and of the order of summation (see _core.pyx).
  *
+ * For float32 logits all of this is done in float (the weights), and the sums in
+ * double; m, inv_t, tau and zmin are rounded to float once per row.
+ *
  * The file is a template: _kernels_row.h is included once per logits type and
  * _kernels_residual.h once per pair of types.  Speed: the hot loops are written
  * branch-free with a polynomial exp so that GCC emits AVX-512 / AVX2 code; on
@@ -48,19 +51,53 @@
  * sums and rescans only that block, so no V-sized CDF is ever stored. */
 #define SD_BLOCK 512
 
-/* exp(x) for x <= 0 (x = -inf allowed), branch-free so that loops vectorise.
- * Cody-Waite reduction x = n ln2 + r with |r| <= ln2/2, then the degree-12 Taylor
- * polynomial: relative error about 2e-16, i.e. within a few ulp of libm's exp.
- * Results below exp(-708) are flushed to 0: such a weight is 1e-308 of the row's
- * largest, so it could only be drawn by a uniform within 1e-308 of a boundary. */
-SD_INLINE double sd_exp_nonpos(double x)
+/* exp(z) for SD_EXP_LOWEST_* <= z <= 0, in the precision of the logits, branch-free
+ * so that loops vectorise.  Cody-Waite reduction z = n ln2 + r, |r| <= ln2/2, then a
+ * polynomial (Cephes' expf for float, the degree-12 Taylor series for double), then
+ * 2^n from the bits of the rounding constant.  Accuracy: about 1 ulp of the type.
+ * For z below the lowest bound (and for z = -inf) the result is garbage: sd_weight
+ * masks it to 0 together with the sampling controls, which saves a clamp per element.
+ * Such a weight is below 1e-38 (1e-308) of the row's largest.
+ *
+ * Every step is one IEEE operation written out in order, and the build turns off
+ * floating-point contraction (-ffp-contract=off), so these are the operations
+ * _fallback.py performs with NumPy.  The float version uses fused multiply-adds,
+ * written as fmaf(); NumPy emulates each as a float64 multiply-add rounded to float,
+ * which is exact except when the double rounding hits a tie (probability about
+ * 2^-29 per operation), so the weights of both backends are bit-identical in
+ * practice.  The double version uses no FMA: its twin is exact. */
+#define SD_EXP_LOWEST_F32 (-87.0f)
+#define SD_EXP_LOWEST_F64 (-708.0)
+
+SD_INLINE float sd_exp_f32(float z)
 {
-    const double lowest = -708.0;
+    const float round_magic = 12582912.0f; /* 1.5 * 2^23 */
+    float t = fmaf(z, 1.44269504088896341f, round_magic);
+    float n = t - round_magic;
+    float r = fmaf(n, -0.693359375f, z);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r);
+    p = p + 1.0f;
+    int32_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    int32_t scale_bits = (bits - ((int32_t)0x4B400000 - 127)) << 23;
+    float scale;
+    memcpy(&scale, &scale_bits, sizeof scale);
+    return p * scale;
+}
+
+SD_INLINE double sd_exp_f64(double z)
+{
     const double round_magic = 6755399441055744.0; /* 1.5 * 2^52 */
-    double xc = x < lowest ? lowest : x;
-    double t = xc * 1.4426950408889634 + round_magic;
+    double t = z * 1.4426950408889634 + round_magic;
     double n = t - round_magic;
-    double r = xc - n * 6.93145751953125e-1;
+    double r = z - n * 6.93145751953125e-1;
     r = r - n * 1.42860682030941723212e-6;
     double p = 2.08767569878680989792e-9;   /* 1/12! */
     p = p * r + 2.50521083854417187751e-8;   /* 1/11! */
@@ -75,22 +112,39 @@ SD_INLINE double sd_exp_nonpos(double x)
     p = p * r + 0.5;
     p = p * r + 1.0;
     p = p * r + 1.0;
-    /* 2^n from the bits of t: its low mantissa bits hold n (|n| <= 1022). */
     int64_t bits;
     memcpy(&bits, &t, sizeof bits);
-    int64_t scale_bits = (bits - (int64_t)0x4338000000000000LL + 1023) << 52;
+    int64_t scale_bits = (bits - ((int64_t)0x4338000000000000LL - 1023)) << 52;
     double scale;
     memcpy(&scale, &scale_bits, sizeof scale);
-    double result = p * scale;
-    return x < lowest ? 0.0 : result;
+    return p * scale;
 }
 
-/* Weight of one element under a row law (see the top of this file). */
-SD_INLINE double sd_weight(double x, double m, double inv_t, double tau, double zmin)
+/* Weight of one element under a row law (see the top of this file), computed in the
+ * logits' own type: z = (x - m) * inv_t, then exp(z) unless x < tau or z < zlow,
+ * where zlow = max(zmin, SD_EXP_LOWEST_*) (sd_zlow_*). */
+SD_INLINE float sd_weight_f32(float x, float m, float inv_t, float tau, float zlow)
+{
+    float z = (x - m) * inv_t;
+    float w = sd_exp_f32(z);
+    return (x >= tau && z >= zlow) ? w : 0.0f;
+}
+
+SD_INLINE double sd_weight_f64(double x, double m, double inv_t, double tau, double zlow)
 {
     double z = (x - m) * inv_t;
-    double w = sd_exp_nonpos(z);
-    return (x >= tau && z >= zmin) ? w : 0.0;
+    double w = sd_exp_f64(z);
+    return (x >= tau && z >= zlow) ? w : 0.0;
+}
+
+SD_INLINE float sd_zlow_f32(double zmin)
+{
+    return (float)zmin > SD_EXP_LOWEST_F32 ? (float)zmin : SD_EXP_LOWEST_F32;
+}
+
+SD_INLINE double sd_zlow_f64(double zmin)
+{
+    return zmin > SD_EXP_LOWEST_F64 ? zmin : SD_EXP_LOWEST_F64;
 }
 
 /* In-place quickselect: the value of rank k (0-based, ascending) of a[0..n). */

@@ -21,29 +21,49 @@ SD_CLONES static double SD_SUFFIX(sd_max)(const SD_T *x, ptrdiff_t n, int *bad)
     return (double)m;
 }
 
-/* The first index holding `value` (greedy decoding breaks ties to the lowest id). */
-static ptrdiff_t SD_SUFFIX(sd_first_index)(const SD_T *x, ptrdiff_t n, double value)
+/* The first index holding `value` (greedy decoding breaks ties to the lowest id).
+ * Blocks are tested for a match with a vectorised OR first, then one is scanned. */
+SD_CLONES static ptrdiff_t SD_SUFFIX(sd_first_index)(const SD_T *x, ptrdiff_t n, double value)
 {
-    for (ptrdiff_t i = 0; i < n; i++) {
-        if ((double)x[i] == value) return i;
+    const SD_T v = (SD_T)value;
+    for (ptrdiff_t start = 0; start < n; start += SD_BLOCK) {
+        ptrdiff_t end = start + SD_BLOCK < n ? start + SD_BLOCK : n;
+        int found = 0;
+#if !defined(_MSC_VER)
+#pragma omp simd reduction(| : found)
+#endif
+        for (ptrdiff_t i = start; i < end; i++) found |= (x[i] == v);
+        if (found) {
+            for (ptrdiff_t i = start; i < end; i++) {
+                if (x[i] == v) return i;
+            }
+        }
     }
     return n - 1;
 }
 
 /* Z = sum of the row's weights.  When `blocks` is not NULL, also stores the sum of
- * each block of SD_BLOCK elements there, for sd_pick. */
+ * each block of SD_BLOCK elements there, for sd_pick; when `weights` is not NULL,
+ * stores every weight there (verify reuses them for the residual law). */
 SD_CLONES static double SD_SUFFIX(sd_expsum)(const SD_T *x, ptrdiff_t n, double m, double inv_t,
-                                             double tau, double zmin, double *blocks)
+                                             double tau, double zmin, double *blocks,
+                                             SD_T *weights)
 {
+    const SD_T mt = (SD_T)m, it = (SD_T)inv_t, taut = (SD_T)tau, zt = SD_SUFFIX(sd_zlow)(zmin);
     double total = 0.0;
     ptrdiff_t b = 0;
     for (ptrdiff_t start = 0; start < n; start += SD_BLOCK, b++) {
         ptrdiff_t end = start + SD_BLOCK < n ? start + SD_BLOCK : n;
+        /* Two simple loops vectorise where one fused loop does not (GCC gives up on
+         * a widening float-to-double reduction around the exp). */
+        SD_T scratch[SD_BLOCK];
+        SD_T *w = weights ? weights + start : scratch;
+        for (ptrdiff_t i = start; i < end; i++) {
+            w[i - start] = SD_SUFFIX(sd_weight)(x[i], mt, it, taut, zt);
+        }
         double s = 0.0;
         SD_SIMD_SUM(s)
-        for (ptrdiff_t i = start; i < end; i++) {
-            s += sd_weight((double)x[i], m, inv_t, tau, zmin);
-        }
+        for (ptrdiff_t j = 0; j < end - start; j++) s += (double)w[j];
         if (blocks) blocks[b] = s;
         total += s;
     }
@@ -58,6 +78,7 @@ SD_CLONES static ptrdiff_t SD_SUFFIX(sd_pick)(const SD_T *x, ptrdiff_t n, double
                                               double tau, double zmin, const double *blocks,
                                               double target)
 {
+    const SD_T mt = (SD_T)m, it = (SD_T)inv_t, taut = (SD_T)tau, zt = SD_SUFFIX(sd_zlow)(zmin);
     ptrdiff_t nblocks = (n + SD_BLOCK - 1) / SD_BLOCK;
     ptrdiff_t chosen = -1, last_block = -1;
     double acc = 0.0;
@@ -81,7 +102,7 @@ SD_CLONES static ptrdiff_t SD_SUFFIX(sd_pick)(const SD_T *x, ptrdiff_t n, double
     ptrdiff_t end = start + SD_BLOCK < n ? start + SD_BLOCK : n;
     ptrdiff_t last_positive = -1;
     for (ptrdiff_t i = start; i < end; i++) {
-        double w = sd_weight((double)x[i], m, inv_t, tau, zmin);
+        double w = (double)SD_SUFFIX(sd_weight)(x[i], mt, it, taut, zt);
         if (w > 0.0) {
             acc += w;
             last_positive = i;
@@ -107,10 +128,11 @@ static double SD_SUFFIX(sd_top_p_threshold)(const SD_T *x, ptrdiff_t n, double m
                                             double tau, double z_kept, double top_p,
                                             double *vals, double *ws)
 {
+    const SD_T mt = (SD_T)m, it = (SD_T)inv_t, taut = (SD_T)tau, zt = SD_SUFFIX(sd_zlow)(-INFINITY);
     double eps = 0.5 * (1.0 - top_p) * z_kept / (double)n;
     ptrdiff_t count = 0;
     for (ptrdiff_t i = 0; i < n; i++) {
-        double w = sd_weight((double)x[i], m, inv_t, tau, -INFINITY);
+        double w = (double)SD_SUFFIX(sd_weight)(x[i], mt, it, taut, zt);
         if (w > 0.0 && w >= eps) {
             vals[count] = (double)x[i];
             ws[count] = w;
