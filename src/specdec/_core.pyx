@@ -32,9 +32,11 @@ cdef extern from "_kernels.h" nogil:
     Py_ssize_t sd_first_index_f32(const float *x, Py_ssize_t n, double value)
     Py_ssize_t sd_first_index_f64(const double *x, Py_ssize_t n, double value)
     double sd_expsum_f32(const float *x, Py_ssize_t n, double m, double inv_t,
-                         double tau, double zmin, double *blocks, float *weights)
+                         double tau, double zmin, double *blocks, float *weights,
+                         const float *prefetch)
     double sd_expsum_f64(const double *x, Py_ssize_t n, double m, double inv_t,
-                         double tau, double zmin, double *blocks, double *weights)
+                         double tau, double zmin, double *blocks, double *weights,
+                         const double *prefetch)
     Py_ssize_t sd_pick_f32(const float *x, Py_ssize_t n, double m, double inv_t, double tau,
                            double zmin, const double *blocks, double target)
     Py_ssize_t sd_pick_f64(const double *x, Py_ssize_t n, double m, double inv_t, double tau,
@@ -144,11 +146,11 @@ cdef inline Py_ssize_t first_index(const real *x, Py_ssize_t n, double value) no
         return sd_first_index_f64(x, n, value)
 
 cdef inline double expsum(const real *x, Py_ssize_t n, const double *law, double inv_t,
-                          double *blocks, real *weights) noexcept nogil:
+                          double *blocks, real *weights, const real *prefetch=NULL) noexcept nogil:
     if real is float:
-        return sd_expsum_f32(x, n, law[0], inv_t, law[1], law[2], blocks, weights)
+        return sd_expsum_f32(x, n, law[0], inv_t, law[1], law[2], blocks, weights, prefetch)
     else:
-        return sd_expsum_f64(x, n, law[0], inv_t, law[1], law[2], blocks, weights)
+        return sd_expsum_f64(x, n, law[0], inv_t, law[1], law[2], blocks, weights, prefetch)
 
 cdef inline Py_ssize_t pick(const real *x, Py_ssize_t n, const double *law, double inv_t,
                             const double *blocks, double target) noexcept nogil:
@@ -188,9 +190,10 @@ cdef inline Py_ssize_t residual_pick(const target_t *wp, const draft_t *wq, Py_s
 # --- the row law under the sampling controls -----------------------------------------
 
 cdef int row_law(const real *x, Py_ssize_t n, const Controls *c, Workspace work,
-                 double *law, real *weights) noexcept nogil:
+                 double *law, real *weights, const real *next_row=NULL) noexcept nogil:
     """Fill law = {m, tau, zmin, Z} for one row, the block sums of its weights in
     work.blocks and its weights in ``weights``; return 0 or an error code.
+    ``next_row``, if given, is prefetched (see sd_expsum).
 
     Order of the controls (as in Hugging Face's warpers): temperature, then top-k,
     then top-p over the top-k survivors, then min-p.  All three keep an upper set of
@@ -223,7 +226,7 @@ cdef int row_law(const real *x, Py_ssize_t n, const Controls *c, Workspace work,
         if tau_p > law[1]:
             law[1] = tau_p
     law[2] = c.zmin
-    law[3] = expsum(x, n, law, c.inv_t, work.blocks, weights)
+    law[3] = expsum(x, n, law, c.inv_t, work.blocks, weights, next_row)
     return 0
 
 
@@ -385,7 +388,8 @@ def verify(const target_t[:, ::1] target_rows, const draft_t[:, ::1] draft_weigh
     cdef bitgen_t *bitgen = bitgen_of(bit_generator)
     with bit_generator.lock, nogil:
         for i in range(n_draft):
-            err = row_law(&target_rows[i, 0], n, &c, work, law_p, weights_p)
+            err = row_law(&target_rows[i, 0], n, &c, work, law_p, weights_p,
+                          &target_rows[i + 1, 0])
             if err:
                 break
             x = draft_tokens[i]

@@ -47,6 +47,12 @@
 #define SD_INLINE static inline
 #endif
 
+#if defined(__GNUC__) || defined(__clang__)
+#define SD_PREFETCH(address) __builtin_prefetch((address), 0, 1)
+#else
+#define SD_PREFETCH(address) ((void)(address))
+#endif
+
 /* Elements per block of the sampling pass: a draw finds its block from the block
  * sums and rescans only that block, so no V-sized CDF is ever stored. */
 #define SD_BLOCK 512

@@ -44,10 +44,13 @@ SD_CLONES static ptrdiff_t SD_SUFFIX(sd_first_index)(const SD_T *x, ptrdiff_t n,
 
 /* Z = sum of the row's weights.  When `blocks` is not NULL, also stores the sum of
  * each block of SD_BLOCK elements there, for sd_pick; when `weights` is not NULL,
- * stores every weight there (verify reuses them for the residual law). */
+ * stores every weight there (verify reuses them for the residual law).  When
+ * `prefetch` is not NULL, it is the next row to be read: this pass is bound by
+ * arithmetic, so it asks for that row meanwhile, and the next row's first pass
+ * (its maximum) then reads from cache instead of waiting on memory. */
 SD_CLONES static double SD_SUFFIX(sd_expsum)(const SD_T *x, ptrdiff_t n, double m, double inv_t,
                                              double tau, double zmin, double *blocks,
-                                             SD_T *weights)
+                                             SD_T *weights, const SD_T *prefetch)
 {
     const SD_T mt = (SD_T)m, it = (SD_T)inv_t, taut = (SD_T)tau, zt = SD_SUFFIX(sd_zlow)(zmin);
     double total = 0.0;
@@ -56,6 +59,11 @@ SD_CLONES static double SD_SUFFIX(sd_expsum)(const SD_T *x, ptrdiff_t n, double 
         ptrdiff_t end = start + SD_BLOCK < n ? start + SD_BLOCK : n;
         /* Two simple loops vectorise where one fused loop does not (GCC gives up on
          * a widening float-to-double reduction around the exp). */
+        if (prefetch) {
+            const char *line = (const char *)(prefetch + start);
+            const char *stop = (const char *)(prefetch + end);
+            for (; line < stop; line += 64) SD_PREFETCH(line);
+        }
         SD_T scratch[SD_BLOCK];
         SD_T *w = weights ? weights + start : scratch;
         for (ptrdiff_t i = start; i < end; i++) {
