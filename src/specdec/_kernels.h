@@ -41,7 +41,9 @@
 #if defined(_MSC_VER)
 #define SD_SIMD_SUM(var)
 #define SD_INLINE static __inline
+#define SD_RESTRICT __restrict
 #else
+#define SD_RESTRICT restrict
 #define SD_PRAGMA(x) _Pragma(#x)
 #define SD_SIMD_SUM(var) SD_PRAGMA(omp simd reduction(+ : var))
 #define SD_INLINE static inline
@@ -181,12 +183,15 @@ static double sd_select_rank(double *a, ptrdiff_t n, ptrdiff_t k)
 }
 
 /* Top-p threshold from candidate (value, weight) pairs: the largest value v such
- * that the weight of all candidates with value >= v reaches `target`.  A
- * quickselect on mass: expected O(n), no sort.  Ties stay together. */
-static double sd_mass_threshold(double *vals, double *ws, ptrdiff_t n, double target)
+ * that `above` plus the weight of all candidates with value >= v reaches `target`.
+ * A quickselect on mass: expected O(n), no sort.  Ties stay together.  When rounding
+ * leaves the target out of reach, the smallest candidate (keep them all). */
+static double sd_mass_threshold(double *vals, double *ws, ptrdiff_t n, double above,
+                                double target)
 {
     ptrdiff_t lo = 0, hi = n;
-    double above = 0.0; /* weight of candidates known to lie above [lo, hi) */
+    /* `above`: weight of the tokens known to lie above [lo, hi), at first those above
+     * every candidate given */
     double pivot = vals[0];
     while (hi > lo) {
         pivot = vals[lo + (hi - lo) / 2];

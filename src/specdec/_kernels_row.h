@@ -120,32 +120,119 @@ SD_CLONES static ptrdiff_t SD_SUFFIX(sd_pick)(const SD_T *x, ptrdiff_t n, double
     return last_positive;
 }
 
-/* The k-th largest value of the row (1 <= k <= n), using `work` (n doubles). */
+/* The k-th largest value of the row (1 <= k <= n), using `work` (n doubles).
+ * Selecting among all n values costs several passes; instead a strided sample gives
+ * a threshold that about 16 + 2k * 1024 / n of every 1024 values exceed, one pass
+ * gathers the values above it, and the selection runs on those.  When fewer than k
+ * pass (an unlucky row), it selects among all values: the answer is exact either way. */
 static double SD_SUFFIX(sd_kth_largest)(const SD_T *x, ptrdiff_t n, ptrdiff_t k, double *work)
 {
+    const ptrdiff_t sample_size = 1024;
+    if (n >= 4 * sample_size) {
+        ptrdiff_t stride = n / sample_size;
+        ptrdiff_t rank = 2 * (k * sample_size / n) + 16; /* from the top, in the sample */
+        if (rank < sample_size) {
+            for (ptrdiff_t i = 0; i < sample_size; i++) work[i] = (double)x[i * stride];
+            const SD_T guess = (SD_T)sd_select_rank(work, sample_size, sample_size - rank);
+            ptrdiff_t count = 0;
+            for (ptrdiff_t i = 0; i < n; i++) { /* branch-free: store always, keep some */
+                work[count] = (double)x[i];
+                count += x[i] >= guess;
+            }
+            if (count >= k) return sd_select_rank(work, count, count - k);
+        }
+    }
     for (ptrdiff_t i = 0; i < n; i++) work[i] = (double)x[i];
     return sd_select_rank(work, n, n - k);
 }
 
+#define SD_TOP_P_BUCKETS 256
+
+/* ws[j] = weight of the logit vals[j], in blocks of loops of one width each, which
+ * GCC vectorises (as in sd_expsum). */
+SD_INLINE void SD_SUFFIX(sd_weights_of)(const double *SD_RESTRICT vals, double *SD_RESTRICT ws,
+                                        ptrdiff_t count, SD_T m, SD_T inv_t, SD_T tau, SD_T zlow)
+{
+    SD_T x[SD_BLOCK], w[SD_BLOCK];
+    for (ptrdiff_t start = 0; start < count; start += SD_BLOCK) {
+        ptrdiff_t len = count - start < SD_BLOCK ? count - start : SD_BLOCK;
+        for (ptrdiff_t j = 0; j < len; j++) x[j] = (SD_T)vals[start + j];
+        for (ptrdiff_t j = 0; j < len; j++) w[j] = SD_SUFFIX(sd_weight)(x[j], m, inv_t, tau, zlow);
+        for (ptrdiff_t j = 0; j < len; j++) ws[start + j] = (double)w[j];
+    }
+}
+
+/* bucket[j] = the top-p bucket of the logit vals[j]: floor((z - zcut) * scale), clamped. */
+SD_INLINE void SD_SUFFIX(sd_buckets_of)(const double *SD_RESTRICT vals, ptrdiff_t len, double m,
+                                        double inv_t, double zcut, double scale,
+                                        int32_t *SD_RESTRICT bucket)
+{
+    for (ptrdiff_t j = 0; j < len; j++) {
+        double position = ((vals[j] - m) * inv_t - zcut) * scale;
+        position = position < 0.0 ? 0.0 : position;
+        position = position > SD_TOP_P_BUCKETS - 1 ? SD_TOP_P_BUCKETS - 1 : position;
+        bucket[j] = (int32_t)position;
+    }
+}
+
 /* Top-p threshold over the tokens kept by the logit threshold tau: the largest
  * logit v such that the tokens with logit >= v hold at least top_p of the mass z_kept.
+ *
  * Tokens lighter than eps = (1 - top_p) * z_kept / n hold less than 1 - top_p of the
- * mass together, so the threshold lies among the heavier ones: only those are
- * gathered (halved eps for rounding), which makes the selection short on peaked rows. */
-static double SD_SUFFIX(sd_top_p_threshold)(const SD_T *x, ptrdiff_t n, double m, double inv_t,
-                                            double tau, double z_kept, double top_p,
-                                            double *vals, double *ws)
+ * mass together, so the threshold lies among the heavier ones, those with
+ * z >= log(eps): they are gathered by comparing logits (no exp), with a margin of one
+ * nat against rounding.  Their weights are bucketed by z; the buckets, walked from
+ * the top, find the one bucket that holds the threshold, and the quickselect on mass
+ * runs on that bucket only.  `vals` and `ws` are n doubles of scratch each. */
+SD_CLONES static double SD_SUFFIX(sd_top_p_threshold)(const SD_T *x, ptrdiff_t n, double m, double inv_t,
+                                                      double tau, double z_kept, double top_p,
+                                                      double *vals, double *ws)
 {
     const SD_T mt = (SD_T)m, it = (SD_T)inv_t, taut = (SD_T)tau, zt = SD_SUFFIX(sd_zlow)(-INFINITY);
-    double eps = 0.5 * (1.0 - top_p) * z_kept / (double)n;
+    const double eps = 0.5 * (1.0 - top_p) * z_kept / (double)n;
+    const double zcut = log(eps) - 1.0;
+    double xcut = m + zcut / inv_t;
+    if (!(xcut > tau)) xcut = tau;
     ptrdiff_t count = 0;
-    for (ptrdiff_t i = 0; i < n; i++) {
-        double w = (double)SD_SUFFIX(sd_weight)(x[i], mt, it, taut, zt);
-        if (w > 0.0 && w >= eps) {
-            vals[count] = (double)x[i];
-            ws[count] = w;
-            count++;
+    for (ptrdiff_t i = 0; i < n; i++) { /* branch-free: store always, keep some */
+        vals[count] = (double)x[i];
+        count += (double)x[i] >= xcut;
+    }
+    SD_SUFFIX(sd_weights_of)(vals, ws, count, mt, it, taut, zt);
+
+    /* Buckets by z over [zcut, 0]: monotone in the logit, so bucket b holds larger
+     * logits than bucket b - 1.  Indices are computed a block at a time (a loop that
+     * vectorises) and the masses summed into four interleaved tables, so that runs of
+     * tokens in one bucket do not wait on each other's additions. */
+    double mass[4][SD_TOP_P_BUCKETS] = {{0.0}};
+    const double scale = SD_TOP_P_BUCKETS / -zcut;
+    int32_t bucket[SD_BLOCK];
+    for (ptrdiff_t start = 0; start < count; start += SD_BLOCK) {
+        ptrdiff_t len = count - start < SD_BLOCK ? count - start : SD_BLOCK;
+        SD_SUFFIX(sd_buckets_of)(vals + start, len, m, inv_t, zcut, scale, bucket);
+        for (ptrdiff_t j = 0; j < len; j++) mass[j & 3][bucket[j]] += ws[start + j];
+    }
+    const double target = top_p * z_kept;
+    double above = 0.0;
+    int32_t chosen = 0;
+    for (int32_t b = SD_TOP_P_BUCKETS - 1; b >= 0; b--) {
+        double in_bucket = (mass[0][b] + mass[1][b]) + (mass[2][b] + mass[3][b]);
+        if (above + in_bucket >= target || b == 0) {
+            chosen = b;
+            break;
+        }
+        above += in_bucket;
+    }
+    ptrdiff_t kept = 0;
+    for (ptrdiff_t start = 0; start < count; start += SD_BLOCK) {
+        ptrdiff_t len = count - start < SD_BLOCK ? count - start : SD_BLOCK;
+        SD_SUFFIX(sd_buckets_of)(vals + start, len, m, inv_t, zcut, scale, bucket);
+        for (ptrdiff_t j = 0; j < len; j++) { /* branch-free, as above */
+            double v = vals[start + j], w = ws[start + j];
+            vals[kept] = v;
+            ws[kept] = w;
+            kept += bucket[j] == chosen;
         }
     }
-    return sd_mass_threshold(vals, ws, count, top_p * z_kept);
+    return sd_mass_threshold(vals, ws, kept, above, target);
 }
