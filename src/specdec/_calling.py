@@ -41,7 +41,7 @@ class ModelCaller:
         The argument name, for error messages (``"draft_model"``...).
     """
 
-    __slots__ = ("name", "_fn", "keeps_rows", "elapsed", "calls", "vocab_size")
+    __slots__ = ("name", "_fn", "keeps_rows", "elapsed", "calls", "vocab_size", "dtype")
 
     def __init__(self, model, name: str):
         forward = getattr(model, "forward", None)
@@ -61,6 +61,7 @@ class ModelCaller:
         self.calls = 0
         declared = getattr(model, "vocab_size", None)
         self.vocab_size = declared if isinstance(declared, int) and declared > 0 else None
+        self.dtype = None
 
     def last_rows(self, ids: np.ndarray, n_rows: int) -> np.ndarray:
         """Logits of the last ``n_rows`` positions of ``ids``, shape (n_rows, V).
@@ -83,10 +84,18 @@ class ModelCaller:
                 f"tokens; expected (1, {expected}, V)"
                 + (f" (logits_to_keep={n_rows})" if self.keeps_rows else "")
             )
-        if logits.dtype not in _LOGIT_DTYPES:
-            raise TypeError(
-                f"{self.name} returned {logits.dtype} logits; expected float32 or float64"
-            )
+        if logits.dtype != self.dtype:
+            if logits.dtype not in _LOGIT_DTYPES:
+                raise TypeError(
+                    f"{self.name} returned {logits.dtype} logits; expected float32 or float64"
+                )
+            if self.dtype is not None:
+                # the draft's weights of one step share a buffer of one dtype
+                raise TypeError(
+                    f"{self.name} returned {logits.dtype} logits after {self.dtype} ones; "
+                    "a model must keep one logits dtype"
+                )
+            self.dtype = logits.dtype
         vocab_size = logits.shape[2]
         if self.vocab_size is None:
             if vocab_size < 1:

@@ -8,10 +8,12 @@ BLOCK_SIZE = 512
 #: Kernel error codes, shared by both backends.
 NONFINITE_LOGITS = 1
 ALL_MASKED_LOGITS = 2
+EMPTY_LAW = 3
 
 _REASONS = {
     NONFINITE_LOGITS: "NaN or +inf logits",
     ALL_MASKED_LOGITS: "logits that are all -inf (no token has probability)",
+    EMPTY_LAW: "logits that leave no token of positive weight under the sampling controls",
 }
 
 
@@ -26,7 +28,7 @@ class InvalidLogitsError(ValueError):
     row : int
         Index of the row within the rows passed to the kernel.
     code : int
-        ``NONFINITE_LOGITS`` or ``ALL_MASKED_LOGITS``.
+        ``NONFINITE_LOGITS``, ``ALL_MASKED_LOGITS`` or ``EMPTY_LAW``.
     """
 
     def __init__(self, row: int, code: int):

@@ -77,6 +77,7 @@ assert SD_BLOCK == BLOCK_SIZE, "_kernels.h and _common.py disagree on the block 
 cdef enum:
     NONFINITE_LOGITS = 1
     ALL_MASKED_LOGITS = 2
+    EMPTY_LAW = 3
 
 ctypedef fused real:
     float
@@ -227,6 +228,10 @@ cdef int row_law(const real *x, Py_ssize_t n, const Controls *c, Workspace work,
             law[1] = tau_p
     law[2] = c.zmin
     law[3] = expsum(x, n, law, c.inv_t, work.blocks, weights, next_row)
+    if not law[3] > 0.0:
+        # the largest logit always has weight 1, unless the temperature overflows the
+        # logits' precision: refuse rather than return a token of zero probability
+        return EMPTY_LAW
     return 0
 
 

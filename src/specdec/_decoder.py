@@ -85,23 +85,49 @@ class SpeculativeDecodingStats:
 
 
 class _Run:
-    """The state one call needs: the token buffer, its read-only view and the clock."""
+    """The state one call needs: the token buffer, its read-only view and the clock.
+
+    The buffer grows geometrically up to ``len(prompt) + max_new_tokens``, so that a
+    huge budget that EOS cuts short costs nothing; models see read-only views of it,
+    valid for the duration of their call.
+    """
 
     def __init__(self, prompt: np.ndarray, max_new_tokens: int):
         self.started = time.perf_counter()
         self.limit = len(prompt) + max_new_tokens
-        self.tokens = np.empty(self.limit, dtype=np.int64)
+        self.length = 0
+        self.tokens = np.empty(0, dtype=np.int64)
+        self.ids = None
+        self.reserve(min(self.limit, 2 * len(prompt) + 256))
         self.tokens[: len(prompt)] = prompt
-        view = self.tokens.view()
+        self.length = len(prompt)
+
+    def reserve(self, capacity: int) -> None:
+        """Make room for ``capacity`` tokens (at most the limit)."""
+        if capacity <= len(self.tokens):
+            return
+        capacity = min(self.limit, max(capacity, 2 * len(self.tokens)))
+        tokens = np.empty(capacity, dtype=np.int64)
+        tokens[: self.length] = self.tokens[: self.length]
+        self.tokens = tokens
+        view = tokens.view()
         view.flags.writeable = False  # models see the sequence but cannot change it
         self.ids = view[np.newaxis, :]
-        self.length = len(prompt)
 
     def result(self, stats: SpeculativeDecodingStats, *callers: ModelCaller):
         elapsed = time.perf_counter() - self.started
         models = sum(caller.elapsed for caller in callers)
         stats.decoder_time = max(elapsed - models, 0.0)
         return self.tokens[: self.length].tolist(), stats
+
+
+def _check_declared_vocab(prompt, eos, *callers: ModelCaller) -> None:
+    """Check ids against the vocabulary the models declare, before any call."""
+    declared = [caller.vocab_size for caller in callers if caller.vocab_size is not None]
+    if len(declared) == 2:
+        _check_same_vocab(*declared)
+    if declared:
+        check_token_range(prompt, eos, declared[0])
 
 
 class SpeculativeDecoder:
@@ -190,10 +216,7 @@ class SpeculativeDecoder:
         max_new_tokens = check_max_new_tokens(max_new_tokens)
         eos = check_eos(eos_token_id)
         generator = make_rng(rng) if rng is not None or self._rng is None else self._rng
-        if draft.vocab_size is not None and target.vocab_size is not None:
-            _check_same_vocab(draft.vocab_size, target.vocab_size)
-        if draft.vocab_size is not None:
-            check_token_range(prompt, eos, draft.vocab_size)
+        _check_declared_vocab(prompt, eos, draft, target)
 
         run = _Run(prompt, max_new_tokens)
         stats = SpeculativeDecodingStats(accepted_length_histogram=[0] * (self.gamma + 1))
@@ -201,18 +224,19 @@ class SpeculativeDecoder:
         # Per draft token: its law and its weights (q = weights / law[3]), kept for
         # verify, so the draft's output array itself is never held on to.
         draft_weights = laws = work = None
+        gamma = min(self.gamma, max_new_tokens)
         while run.length < run.limit:
             start = run.length
+            run.reserve(start + gamma + 1)
             n_draft = 0
-            while n_draft < self.gamma and start + n_draft < run.limit:
+            while n_draft < gamma and start + n_draft < run.limit:
                 position = start + n_draft
                 row = draft.last_rows(run.ids[:, :position], 1)[0]
-                if work is None:
+                if work is None:  # first call: the vocabulary and the dtype are known
                     check_token_range(prompt, eos, draft.vocab_size)
                     work = kernels.Workspace(draft.vocab_size)
-                    laws = np.zeros((self.gamma, 4))
-                if draft_weights is None or draft_weights.dtype != row.dtype:
-                    draft_weights = np.empty((self.gamma, draft.vocab_size), dtype=row.dtype)
+                    laws = np.zeros((gamma, 4))
+                    draft_weights = np.empty((gamma, draft.vocab_size), dtype=row.dtype)
                 try:
                     token = kernels.sample_token(row, *controls, generator, laws[n_draft],
                                                  draft_weights[n_draft], work)
@@ -301,19 +325,18 @@ def sample(target_model, prompt_ids, max_new_tokens: int = 50, eos_token_id=None
     controls = SamplingControls.from_user(temperature, top_k, top_p, min_p).kernel_args
     kernels = kernels_for(backend)
     generator = make_rng(rng, seed)
-    if target.vocab_size is not None:
-        check_token_range(prompt, eos, target.vocab_size)
+    _check_declared_vocab(prompt, eos, target)
 
     run = _Run(prompt, max_new_tokens)
     stats = SpeculativeDecodingStats(accepted_length_histogram=[0])
     law = np.zeros(4)
     weights = work = None
     while run.length < run.limit:
+        run.reserve(run.length + 1)
         row = target.last_rows(run.ids[:, :run.length], 1)[0]
         if work is None:
             check_token_range(prompt, eos, target.vocab_size)
             work = kernels.Workspace(target.vocab_size)
-        if weights is None or weights.dtype != row.dtype:
             weights = np.empty(target.vocab_size, dtype=row.dtype)
         try:
             token = kernels.sample_token(row, *controls, generator, law, weights, work)

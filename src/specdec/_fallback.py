@@ -12,7 +12,8 @@ import math
 
 import numpy as np
 
-from specdec._common import ALL_MASKED_LOGITS, NONFINITE_LOGITS, InvalidLogitsError
+from specdec._common import (ALL_MASKED_LOGITS, EMPTY_LAW, NONFINITE_LOGITS,
+                              InvalidLogitsError)
 
 
 class Workspace:
@@ -27,6 +28,8 @@ class Workspace:
     __slots__ = ("vocab_size",)
 
     def __init__(self, vocab_size: int):
+        if not isinstance(vocab_size, (int, np.integer)):
+            raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         self.vocab_size = vocab_size
@@ -129,6 +132,8 @@ def _row_law(row: np.ndarray, index: int, inv_t: float, top_k: int, top_p: float
     law = [m, tau, zmin, 0.0]
     w = _weights(row, law, inv_t).astype(np.float64)
     law[3] = float(w.sum())
+    if not law[3] > 0.0:
+        raise InvalidLogitsError(index, EMPTY_LAW)
     return law, w
 
 
@@ -166,9 +171,12 @@ def verify(target_rows, draft_weights, draft_tokens, draft_laws, bonus, temperat
     Twin of ``specdec._core.verify``; see its docstring.
     """
     n_draft = len(draft_tokens)
+    if target_rows.ndim != 2 or draft_weights.ndim != 2 or np.ndim(draft_laws) != 2:
+        raise ValueError("verify: target_rows, draft_weights and draft_laws must be 2-D")
     n = target_rows.shape[1]
     if (target_rows.shape[0] != n_draft + 1 or draft_weights.shape[0] < n_draft
-            or draft_weights.shape[1] != n or len(draft_laws) < n_draft or n != work.vocab_size):
+            or draft_weights.shape[1] != n or len(draft_laws) < n_draft
+            or np.shape(draft_laws)[1] < 4 or n != work.vocab_size):
         raise ValueError("verify: the shapes of the rows, tokens, laws and work disagree")
     for token in draft_tokens:
         if not 0 <= token < n:

@@ -38,7 +38,7 @@ def check_max_new_tokens(max_new_tokens) -> int:
 
 
 def check_prompt(prompt_ids) -> np.ndarray:
-    """The prompt as a fresh int64 array: non-empty, one-dimensional, ids >= 0."""
+    """The prompt as a fresh int64 array: non-empty, one-dimensional, ids in [0, 2**63)."""
     if isinstance(prompt_ids, (str, bytes)):
         raise TypeError("prompt_ids must be a sequence of int token ids, not a string")
     try:
@@ -51,13 +51,15 @@ def check_prompt(prompt_ids) -> np.ndarray:
         raise ValueError(
             "prompt_ids is empty: the first new token needs the logits of a prompt token"
         )
-    if array.dtype.kind not in "iu":
-        if array.dtype == object and all(_is_int(v) for v in array):
-            array = array.astype(np.int64)
-        else:
-            raise TypeError(f"prompt_ids must hold int token ids, got dtype {array.dtype}")
-    if array.min() < 0:
-        raise ValueError(f"prompt_ids holds a negative token id ({int(array.min())})")
+    if array.dtype.kind not in "iu" and not (
+            array.dtype == object and all(_is_int(v) for v in array)):
+        raise TypeError(f"prompt_ids must hold int token ids, got dtype {array.dtype}")
+    # Python ints, so that no id wraps around or overflows before it is checked
+    low, high = int(min(array)), int(max(array))
+    if low < 0:
+        raise ValueError(f"prompt_ids holds a negative token id ({low})")
+    if high > np.iinfo(np.int64).max:
+        raise ValueError(f"prompt_ids holds token id {high}, beyond any vocabulary")
     return array.astype(np.int64)
 
 
@@ -110,6 +112,10 @@ def as_generator(value, name: str) -> np.random.Generator:
     )
 
 
+#: The smallest positive temperature: 1 / temperature stays finite in float32.
+MIN_TEMPERATURE = 1e-30
+
+
 @dataclass(frozen=True)
 class SamplingControls:
     """Validated temperature, top-k, top-p and min-p, in the kernels' encoding.
@@ -130,8 +136,10 @@ class SamplingControls:
             raise TypeError(f"temperature must be a real number >= 0, got {type(temperature).__name__}")
         if not math.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-        if temperature != 0 and not math.isfinite(1.0 / temperature):
-            raise ValueError(f"temperature {temperature} is too small; use 0 for greedy decoding")
+        if 0 < temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"temperature {temperature} is below {MIN_TEMPERATURE} (1/temperature must be "
+                "finite in float32); use 0 for greedy decoding")
         k = 0
         if top_k is not None:
             if not _is_int(top_k):
