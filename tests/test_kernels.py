@@ -1,0 +1,465 @@
+"""Property tests of the kernels (``sample_token``, ``verify``, ``Workspace``).
+
+Rows of logits come from Hypothesis: arbitrary floats with -inf masks, one-hot and
+uniform rows, huge (1e30) and tiny (1e-30) magnitudes, V = 1, and seeded random rows
+across the 512-element block boundary; temperatures from 1e-3 up, and 0 (greedy);
+top-k / top-p / min-p.  For every example, on each backend (``kernels`` fixture):
+
+* the sampled id lies in [0, V) and has positive probability under the warped law,
+  whose support is computed here independently (exact thresholds for masks and
+  top-k; top-p and min-p with a rounding margin that only ever *widens* it);
+* greedy picks the lowest id among the maxima;
+* the compiled core and the Python twin return the same id, the same law and leave
+  their generators in the same state (exact equality: their weights are
+  bit-identical and only a uniform within ~1e-15 of a threshold could split them);
+* ``verify`` returns n_accepted in [0, n] and a token in the support of the row it
+  was drawn from; never returns a rejected draft from a non-empty residual; keeps
+  every draft when draft and target agree;
+* NaN, +inf and all -inf rows raise ``InvalidLogitsError`` (a ValueError) with the
+  index of the row; mismatched shapes raise ValueError, never crash.
+
+The suite runs a few hundred examples per property (a few seconds); set
+``SPECDEC_HYPOTHESIS_SCALE=20`` for a deep run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from specdec._backend import available_backends, kernels_for
+from specdec._common import ALL_MASKED_LOGITS, NONFINITE_LOGITS, InvalidLogitsError
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+#: Multiplies every max_examples (e.g. SPECDEC_HYPOTHESIS_SCALE=20 for a deep run).
+SCALE = float(os.environ.get("SPECDEC_HYPOTHESIS_SCALE", "1"))
+
+
+def examples(n):
+    return max(1, int(n * SCALE))
+DTYPES = [np.float32, np.float64]
+
+
+def twin_of(kernels):
+    """The other backend's kernel module, or None on a pure-Python install."""
+    if "cython" not in available_backends():
+        return None
+    return kernels_for("python" if kernels.__name__.endswith("_core") else "cython")
+
+
+def same_state(a, b):
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    return a == b
+
+
+# --- an independent oracle of the support -----------------------------------------------------
+
+
+def possible(row, temperature, top_k=0, top_p=1.0, min_p=0.0, slack=1e-5):
+    """Tokens that may have positive probability under the warped law.
+
+    Exact for masks, greedy and top-k; top-p and min-p are widened by a relative
+    ``slack`` so that rounding (float32 weights) can only make the set larger.
+    Written from the definitions with a sort, in float64 / exact exp.
+    """
+    x = np.asarray(row, dtype=np.float64)
+    n = len(x)
+    m = x.max()
+    if temperature == 0:
+        keep = np.zeros(n, dtype=bool)
+        keep[int(np.flatnonzero(x == m)[0])] = True
+        return keep
+    keep = x > -np.inf
+    if 0 < top_k < n:
+        keep &= x >= np.sort(x)[n - top_k]
+    with np.errstate(invalid="ignore", over="ignore"):
+        z = (x - m) / temperature
+    w = np.where(keep, np.exp(z), 0.0)
+    if top_p < 1.0:
+        order = np.argsort(-x, kind="stable")
+        mass = np.cumsum(w[order])
+        goal = top_p * w.sum() * (1 + slack)
+        i = min(int(np.searchsorted(mass, goal, side="left")), n - 1)
+        keep &= x >= x[order[i]]
+    if min_p > 0.0:
+        keep &= z >= math.log(min_p) - slack * (1 + np.abs(z))
+    return keep
+
+
+# --- strategies -----------------------------------------------------------------------------
+
+
+def finite_floats(dtype, bound):
+    bound = float(dtype(bound))  # representable in the row's type
+    return st.floats(-bound, bound, allow_nan=False, allow_infinity=False,
+                     width=32 if dtype is np.float32 else 64)
+
+
+@st.composite
+def rows(draw, dtype=None, vocab=None, max_vocab=24):
+    """One row of logits (at least one finite value)."""
+    dtype = dtype or draw(st.sampled_from(DTYPES))
+    kind = draw(st.sampled_from(["floats", "floats", "onehot", "uniform", "huge", "tiny",
+                                 "seeded"]))
+    if kind == "seeded" and vocab is None:
+        vocab = draw(st.sampled_from([1, 2, 511, 512, 513, 1100]))
+    if vocab is None:
+        vocab = draw(st.integers(1, max_vocab))
+    if vocab > 64 and kind in ("floats", "huge", "tiny"):
+        kind = "seeded"  # long rows from NumPy: Hypothesis lists of 1000 floats are slow
+    if kind == "floats":
+        elements = st.one_of(finite_floats(dtype, 1e4), st.just(-np.inf))
+        row = np.array(draw(st.lists(elements, min_size=vocab, max_size=vocab)))
+    elif kind == "onehot":
+        row = np.full(vocab, -np.inf)
+        row[draw(st.integers(0, vocab - 1))] = draw(finite_floats(dtype, 1e30))
+    elif kind == "uniform":
+        row = np.full(vocab, draw(finite_floats(dtype, 1e30)))
+    elif kind == "huge":
+        row = np.array(draw(st.lists(st.sampled_from([1e30, -1e30, 0.0, -np.inf]),
+                                     min_size=vocab, max_size=vocab)))
+    elif kind == "tiny":
+        row = np.array(draw(st.lists(finite_floats(dtype, 1e-30), min_size=vocab,
+                                     max_size=vocab)))
+    else:
+        rng = np.random.default_rng(draw(st.integers(0, 2**32)))
+        row = draw(st.sampled_from([0.3, 3.0, 30.0])) * rng.standard_normal(vocab)
+        row[rng.random(vocab) < draw(st.sampled_from([0.0, 0.5, 0.99]))] = -np.inf
+    if not np.isfinite(row).any():
+        row[draw(st.integers(0, vocab - 1))] = 0.0
+    return row.astype(dtype)
+
+
+temperatures = st.one_of(st.sampled_from([0.0, 1e-3, 0.01, 0.5, 1.0, 2.0, 100.0]),
+                         st.floats(1e-3, 10.0))
+
+
+@st.composite
+def controls(draw, vocab):
+    top_k = draw(st.one_of(st.just(0), st.integers(1, vocab + 1)))
+    top_p = draw(st.one_of(st.just(1.0), st.floats(0.01, 1.0)))
+    min_p = draw(st.one_of(st.just(0.0), st.floats(0.0, 0.99)))
+    return top_k, top_p, min_p
+
+
+@st.composite
+def sample_cases(draw):
+    row = draw(rows())
+    return (row, draw(temperatures), *draw(controls(len(row))), draw(st.integers(0, 2**63)))
+
+
+def run_sample(kernels, row, temperature, top_k, top_p, min_p, seed):
+    rng = np.random.default_rng(seed)
+    law = np.full(4, np.nan)
+    weights = np.zeros(len(row), dtype=row.dtype)
+    token = kernels.sample_token(row, temperature, top_k, top_p, min_p, rng, law, weights,
+                                 kernels.Workspace(len(row)))
+    return token, law, weights, rng.bit_generator.state
+
+
+# --- sample_token ------------------------------------------------------------------------------
+
+
+@settings(max_examples=examples(300), **SETTINGS)
+@given(case=sample_cases())
+def test_sample_token_properties(kernels, case):
+    row, temperature, top_k, top_p, min_p, seed = case
+    token, law, weights, state = run_sample(kernels, row, temperature, top_k, top_p, min_p, seed)
+    assert type(token) is int
+    assert 0 <= token < len(row)
+    assert possible(row, temperature, top_k, top_p, min_p)[token]
+    if temperature == 0:
+        assert token == int(np.flatnonzero(row == row.max())[0])
+        assert same_state(state, np.random.default_rng(seed).bit_generator.state)  # no draw
+    else:
+        assert weights[token] > 0 and law[3] > 0
+        assert law[0] == row.max()
+    twin = twin_of(kernels)
+    if twin is not None:
+        other, other_law, other_weights, other_state = run_sample(twin, row, temperature, top_k,
+                                                                  top_p, min_p, seed)
+        assert token == other
+        assert same_state(state, other_state)
+        if temperature > 0:
+            assert np.allclose(law, other_law, rtol=1e-12, atol=0)
+            assert np.array_equal(weights > 0, other_weights > 0)
+
+
+@settings(max_examples=examples(60), **SETTINGS)
+@given(row=rows(), seed=st.integers(0, 2**63))
+def test_sample_token_only_masks_nothing_when_controls_are_off(kernels, row, seed):
+    """With no controls every finite logit has positive weight (up to the flush of
+    weights below the smallest normal number, exp(-87) in float32)."""
+    token, law, weights, _ = run_sample(kernels, row, 1.0, 0, 1.0, 0.0, seed)
+    z = (row - row.max()).astype(np.float64)  # in the row's type, as the kernels
+    lowest = -87.0 if row.dtype == np.float32 else -708.0
+    assert np.array_equal(weights > 0, z >= lowest)
+    assert law[1] == -np.inf and law[2] == -np.inf
+
+
+@settings(max_examples=examples(40), **SETTINGS)
+@given(vocab=st.integers(1, 30), seed=st.integers(0, 2**63), dtype=st.sampled_from(DTYPES),
+       temperature=temperatures)
+def test_one_hot_and_single_token(kernels, vocab, seed, dtype, temperature):
+    index = seed % vocab
+    row = np.full(vocab, -np.inf, dtype=dtype)
+    row[index] = 3.0
+    assert run_sample(kernels, row, temperature, 0, 1.0, 0.0, seed)[0] == index
+    one = np.array([seed % 1000 - 500.0], dtype=dtype)
+    assert run_sample(kernels, one, temperature, 1, 0.5, 0.5, seed)[0] == 0
+
+
+def test_uniform_row_draws_every_token(kernels):
+    """A uniform row (also at temperature 1e-3 and with huge values) reaches every id."""
+    for value in (0.0, 1e30, -1e30):
+        for temperature in (1.0, 1e-3):
+            row = np.full(7, value)
+            rng = np.random.default_rng(0)
+            seen = {kernels.sample_token(row, temperature, 0, 1.0, 0.0, rng, np.zeros(4),
+                                         np.zeros(7), kernels.Workspace(7)) for _ in range(300)}
+            assert seen == set(range(7)), (value, temperature)
+
+
+# --- verify ------------------------------------------------------------------------------------
+
+
+@st.composite
+def verify_cases(draw):
+    dtype_t, dtype_d = draw(st.sampled_from(DTYPES)), draw(st.sampled_from(DTYPES))
+    vocab = draw(st.one_of(st.integers(1, 12), st.sampled_from([513, 1100])))
+    n = draw(st.integers(0, 4))
+    target = np.stack([draw(rows(np.float64, vocab)) for _ in range(n + 1)])
+    relation = draw(st.sampled_from(["same", "near", "independent"]))
+    if relation == "same":  # same values and dtype: p == q bit for bit
+        draft, dtype_d = target[:n].copy(), dtype_t
+    elif relation == "near":
+        rng = np.random.default_rng(draw(st.integers(0, 2**32)))
+        draft = target[:n] + 0.5 * rng.standard_normal((n, vocab))
+    else:
+        draft = np.stack([draw(rows(np.float64, vocab)) for _ in range(n)]) if n else target[:0]
+    temperature = draw(temperatures)
+    top_k, top_p, min_p = draw(controls(vocab))
+    arbitrary = draw(st.booleans()) and relation != "same"
+    return dict(target=target.astype(dtype_t), draft=draft.astype(dtype_d),
+                temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                arbitrary_tokens=arbitrary, relation=relation, bonus=draw(st.booleans()),
+                seed=draw(st.integers(0, 2**63)))
+
+
+def make_drafts(kernels, case):
+    """Draft tokens drawn from the draft rows by ``sample_token``, with their laws and
+    weights (or arbitrary tokens, whose q may be 0)."""
+    draft, vocab = case["draft"], case["target"].shape[1]
+    n = len(draft)
+    controls = (case["temperature"], case["top_k"], case["top_p"], case["min_p"])
+    laws = np.zeros((n, 4))
+    weights = np.zeros((n, vocab), dtype=draft.dtype)
+    tokens = np.zeros(n, dtype=np.int64)
+    rng = np.random.default_rng(case["seed"] ^ 0x5EED)
+    for i in range(n):
+        tokens[i] = kernels.sample_token(draft[i], *controls, rng, laws[i], weights[i],
+                                         kernels.Workspace(vocab))
+    if case["arbitrary_tokens"]:
+        tokens = np.random.default_rng(case["seed"]).integers(0, vocab, size=n)
+    return tokens, laws, weights, controls
+
+
+@settings(max_examples=examples(250), **SETTINGS)
+@given(case=verify_cases())
+def test_verify_properties(kernels, case):
+    target, vocab = case["target"], case["target"].shape[1]
+    n = len(case["draft"])
+    tokens, laws, weights, controls = make_drafts(kernels, case)
+    rng = np.random.default_rng(case["seed"])
+    n_accepted, token = kernels.verify(target, weights, tokens, laws, case["bonus"], *controls,
+                                       rng, kernels.Workspace(vocab))
+    assert type(n_accepted) is int and type(token) is int
+    assert 0 <= n_accepted <= n
+    if n_accepted == n and not case["bonus"]:
+        assert token == -1
+    else:
+        assert 0 <= token < vocab
+        assert possible(target[n_accepted], *controls)[token]
+    temperature = controls[0]
+    if temperature == 0:
+        best = [int(np.flatnonzero(r == r.max())[0]) for r in target]
+        expected = next((i for i in range(n) if tokens[i] != best[i]), n)
+        assert n_accepted == expected
+        if token >= 0:
+            assert token == best[n_accepted]
+    elif case["relation"] == "same" and not case["arbitrary_tokens"]:
+        assert n_accepted == n  # p == q at every draft: u * q < p always holds
+    if temperature > 0 and n_accepted < n:
+        # the rejected draft x had p(x) <= u q(x) < q(x): the residual has no mass at x
+        # (unless it is empty in floating point and the kernels fall back on p)
+        p_law, p_weights = np.zeros(4), np.zeros(vocab, dtype=target.dtype)
+        twin = kernels_for("python")
+        twin.sample_token(target[n_accepted], *controls, np.random.default_rng(0), p_law,
+                          p_weights, twin.Workspace(vocab))
+        # as the kernels do it: weight times the reciprocal of the total
+        p = p_weights.astype(np.float64) * (1.0 / p_law[3])
+        q = weights[n_accepted].astype(np.float64) * (1.0 / laws[n_accepted, 3])
+        if np.where(p > q, p - q, 0.0).sum() > 0:
+            assert p[token] > q[token]
+            assert token != tokens[n_accepted] or q[token] == 0
+    twin = twin_of(kernels)
+    if twin is not None:
+        other_rng = np.random.default_rng(case["seed"])
+        assert twin.verify(target, weights, tokens, laws, case["bonus"], *controls, other_rng,
+                           twin.Workspace(vocab)) == (n_accepted, token)
+        assert same_state(rng.bit_generator.state, other_rng.bit_generator.state)
+
+
+# --- invalid rows ------------------------------------------------------------------------------
+
+
+def spoil(row, how, index):
+    row = row.copy()
+    if how == "nan":
+        row[index] = np.nan
+    elif how == "inf":
+        row[index] = np.inf
+    else:
+        row[:] = -np.inf
+    return row
+
+
+CODES = {"nan": NONFINITE_LOGITS, "inf": NONFINITE_LOGITS, "all_masked": ALL_MASKED_LOGITS}
+
+
+def test_invalid_logits_error_is_a_value_error():
+    assert issubclass(InvalidLogitsError, ValueError)
+
+
+@settings(max_examples=examples(80), **SETTINGS)
+@given(row=rows(), how=st.sampled_from(list(CODES)), where=st.integers(0, 2**16),
+       temperature=temperatures, seed=st.integers(0, 2**63))
+def test_sample_token_rejects_rows_without_a_law(kernels, row, how, where, temperature, seed):
+    bad = spoil(row, how, where % len(row))
+    with pytest.raises(InvalidLogitsError) as info:
+        run_sample(kernels, bad, temperature, 0, 0.9, 0.1, seed)
+    assert info.value.row == 0 and info.value.code == CODES[how]
+    assert isinstance(info.value, ValueError)
+    assert ("NaN" in str(info.value)) == (how != "all_masked")
+
+
+@settings(max_examples=examples(80), **SETTINGS)
+@given(vocab=st.integers(1, 600), n=st.integers(0, 4), data=st.data(),
+       how=st.sampled_from(list(CODES)), dtype=st.sampled_from(DTYPES),
+       temperature=temperatures, seed=st.integers(0, 2**63))
+def test_verify_rejects_the_row_it_reaches(kernels, vocab, n, data, how, dtype, temperature,
+                                           seed):
+    """Draft and target agree before the bad row, so the decision reaches it; with
+    every draft kept, the bonus row (index n) is reached too."""
+    bad_index = data.draw(st.integers(0, n))
+    rng = np.random.default_rng(seed)
+    target = (2.0 * rng.standard_normal((n + 1, vocab))).astype(dtype)
+    case = dict(draft=target[:n].copy(), target=target, temperature=temperature, top_k=0,
+                top_p=1.0, min_p=0.0, arbitrary_tokens=False, seed=seed)
+    tokens, laws, weights, controls = make_drafts(kernels, case)
+    target[bad_index] = spoil(target[bad_index], how, int(rng.integers(vocab)))
+    with pytest.raises(InvalidLogitsError) as info:
+        kernels.verify(target, weights, tokens, laws, True, *controls, rng,
+                       kernels.Workspace(vocab))
+    assert info.value.row == bad_index and info.value.code == CODES[how]
+
+
+# --- workspace and shapes ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vocab_size", [0, -1, -(2**40)])
+def test_workspace_rejects_an_empty_vocabulary(kernels, vocab_size):
+    with pytest.raises(ValueError, match="vocab_size"):
+        kernels.Workspace(vocab_size)
+
+
+def test_workspace_of_one(kernels):
+    work = kernels.Workspace(1)
+    assert work.vocab_size == 1
+    assert kernels.sample_token(np.array([2.5]), 1.0, 0, 1.0, 0.0, np.random.default_rng(0),
+                                np.zeros(4), np.zeros(1), work) == 0
+
+
+def _verify_args(kernels, vocab=5, n=2, **changes):
+    args = dict(target_rows=np.zeros((n + 1, vocab)), draft_weights=np.ones((n, vocab)),
+                draft_tokens=np.arange(n, dtype=np.int64), draft_laws=np.tile([0, -np.inf,
+                                                                             -np.inf, vocab],
+                                                                            (n, 1)).astype(float),
+                bonus=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                rng=np.random.default_rng(0), work=kernels.Workspace(vocab))
+    args.update(changes)
+    return list(args.values())
+
+
+SHAPE_ERRORS = {
+    "target_rows_too_few": {"target_rows": np.zeros((2, 5))},
+    "target_rows_too_many": {"target_rows": np.zeros((4, 5))},
+    "target_rows_wrong_vocab": {"target_rows": np.zeros((3, 4))},
+    "draft_weights_too_few": {"draft_weights": np.ones((1, 5))},
+    "draft_weights_wrong_vocab": {"draft_weights": np.ones((2, 6))},
+    "draft_laws_too_few": {"draft_laws": np.ones((1, 4))},
+    "draft_token_too_large": {"draft_tokens": np.array([1, 5])},
+    "draft_token_negative": {"draft_tokens": np.array([-1, 0])},
+    "draft_token_huge": {"draft_tokens": np.array([0, 2**62])},
+    "workspace_too_small": {"work": "small"},
+    "workspace_too_large": {"work": "large"},
+}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("case", list(SHAPE_ERRORS))
+def test_verify_rejects_mismatched_shapes(kernels, case, temperature):
+    changes = dict(SHAPE_ERRORS[case])
+    if changes.get("work") == "small":
+        changes["work"] = kernels.Workspace(4)
+    elif changes.get("work") == "large":
+        changes["work"] = kernels.Workspace(6)
+    with pytest.raises(ValueError, match="verify"):
+        kernels.verify(*_verify_args(kernels, temperature=temperature, **changes))
+
+
+@pytest.mark.parametrize("case", ["wrong_rank", "tokens_2d"])
+def test_verify_rejects_wrong_ranks(kernels, case):
+    changes = ({"target_rows": np.zeros(5)} if case == "wrong_rank"
+               else {"draft_tokens": np.array([[0, 1]])})
+    with pytest.raises((ValueError, TypeError)):
+        kernels.verify(*_verify_args(kernels, **changes))
+
+
+def test_verify_rejects_short_laws(kernels):
+    with pytest.raises(ValueError, match="verify"):
+        kernels.verify(*_verify_args(kernels, draft_laws=np.ones((2, 3))))
+
+
+@pytest.mark.parametrize("case", ["short_logits", "long_logits", "short_law", "short_weights",
+                                  "long_weights"])
+def test_sample_token_rejects_mismatched_sizes(kernels, case):
+    logits, law, weights = np.zeros(5), np.zeros(4), np.zeros(5)
+    if case == "short_logits":
+        logits = np.zeros(4)
+    elif case == "long_logits":
+        logits = np.zeros(6)
+    elif case == "short_law":
+        law = np.zeros(3)
+    elif case == "short_weights":
+        weights = np.zeros(4)
+    else:
+        weights = np.zeros(6)
+    for temperature in (0.0, 1.0):
+        with pytest.raises(ValueError):
+            kernels.sample_token(logits, temperature, 0, 1.0, 0.0, np.random.default_rng(0),
+                                 law, weights, kernels.Workspace(5))
+
+
+def test_sample_token_rejects_weights_of_another_dtype(kernels):
+    with pytest.raises((ValueError, TypeError)):
+        kernels.sample_token(np.zeros(5), 1.0, 0, 1.0, 0.0, np.random.default_rng(0),
+                             np.zeros(4), np.zeros(5, dtype=np.float32), kernels.Workspace(5))
