@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 
 from specdec._backend import available_backends, kernels_for
 from specdec._common import ALL_MASKED_LOGITS, NONFINITE_LOGITS, InvalidLogitsError
+from toymodels import ContextModel
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 #: Multiplies every max_examples (e.g. SPECDEC_HYPOTHESIS_SCALE=20 for a deep run).
@@ -463,3 +464,29 @@ def test_sample_token_rejects_weights_of_another_dtype(kernels):
     with pytest.raises((ValueError, TypeError)):
         kernels.sample_token(np.zeros(5), 1.0, 0, 1.0, 0.0, np.random.default_rng(0),
                              np.zeros(4), np.zeros(5, dtype=np.float32), kernels.Workspace(5))
+
+
+# --- regressions found in review ------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("vocab", [20, 300, 5000])
+def test_top_p_within_rounding_of_one_keeps_every_token(kernels, dtype, vocab):
+    # The mass target top_p * Z can be out of reach by rounding: every token must stay
+    # (the compiled core once returned a leftover logit as the threshold).
+    rng = np.random.default_rng(11)
+    for trial in range(20):
+        row = rng.uniform(-3, 0, vocab).astype(dtype)
+        law, weights = np.zeros(4), np.empty(vocab, dtype)
+        kernels.sample_token(row, 1.0, 0, float(np.nextafter(1.0, 0.0)), 0.0,
+                             np.random.default_rng(trial), law, weights, kernels.Workspace(vocab))
+        assert law[1] == -np.inf or law[1] <= row.min(), (trial, law)
+        assert np.all(weights > 0)
+
+
+def test_top_k_beyond_any_vocabulary_keeps_every_token(backend):
+    from specdec import sample
+
+    model = ContextModel(5, seed=2)
+    plain = sample(model, [1], 20, seed=3, backend=backend)[0]
+    assert sample(model, [1], 20, seed=3, top_k=2**64, backend=backend)[0] == plain

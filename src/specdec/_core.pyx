@@ -6,12 +6,14 @@ decoder calls one or the other.  Both draw every uniform with one ``next_double`
 the caller's ``numpy.random.Generator`` (``Generator.random()`` is exactly that), in
 the same order, so one seed gives the same decisions on both backends.
 
-Why the decisions agree in practice: both backends compute the same row laws in
-double precision; they differ only by the rounding of exp (a few ulp) and by the
-order of the sums (the compiled core sums in blocks and SIMD lanes, NumPy
-pairwise).  A decision differs only if a uniform lands within about 1e-15
-(relative) of a threshold -- an acceptance ratio or a cumulative sum -- which
-happens with probability around 1e-15 per decision.
+Why the decisions agree in practice: both backends compute bit-identical weights
+(the exp of _kernels.h is mirrored operation by operation in NumPy; the float32
+fused multiply-adds are emulated in float64, exact but for a double rounding with
+probability about 2^-29 per operation) and differ by the order of the sums (the
+compiled core sums in blocks and SIMD lanes, NumPy pairwise): relative differences
+of about 1e-16 in Z.  A decision differs only if a uniform lands within that of a
+threshold -- an acceptance ratio or a cumulative sum -- with probability about
+1e-16 per decision.
 
 The row law, the speed-critical loops and their rationale are in ``_kernels.h``.
 """
@@ -229,8 +231,9 @@ cdef int row_law(const real *x, Py_ssize_t n, const Controls *c, Workspace work,
     law[2] = c.zmin
     law[3] = expsum(x, n, law, c.inv_t, work.blocks, weights, next_row)
     if not law[3] > 0.0:
-        # the largest logit always has weight 1, unless the temperature overflows the
-        # logits' precision: refuse rather than return a token of zero probability
+        # The largest logit has weight exactly 1 under validated controls; a direct
+        # caller's temperature whose inverse overflows the logits' type breaks that:
+        # refuse rather than return a token of zero probability.
         return EMPTY_LAW
     return 0
 
@@ -285,7 +288,8 @@ def sample_token(const real[::1] logits, double temperature, Py_ssize_t top_k, d
     Raises
     ------
     InvalidLogitsError
-        The row holds NaN or +inf, or only -inf.
+        The row holds NaN or +inf, or only -inf, or (for a temperature whose
+        inverse overflows the logits' type) no token of positive weight.
     """
     cdef Py_ssize_t n = logits.shape[0]
     if n != work.vocab_size or weights_out.shape[0] != n or law_out.shape[0] < 4:

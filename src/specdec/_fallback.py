@@ -72,7 +72,7 @@ def _exp_f32(z):
         p = _fmaf(p, r, coefficient)
     p = (p.astype(_F64) * (r * r).astype(_F64) + r.astype(_F64)).astype(_F32)
     p = p + _F32(1.0)
-    scale = ((t.view(np.int32) - np.int32(0x4B400000 - 127)) << np.int32(23)).view(_F32)
+    scale = ((t.view(np.uint32) - np.uint32(0x4B400000 - 127)) << np.uint32(23)).view(_F32)
     return p * scale
 
 
@@ -86,7 +86,7 @@ def _exp_f64(z):
     p = np.full_like(r, _TAYLOR_12[0])
     for coefficient in _TAYLOR_12[1:]:
         p = p * r + coefficient
-    scale = ((t.view(np.int64) - np.int64(0x4338000000000000 - 1023)) << np.int64(52)).view(_F64)
+    scale = ((t.view(np.uint64) - np.uint64(0x4338000000000000 - 1023)) << np.uint64(52)).view(_F64)
     return p * scale
 
 
@@ -107,13 +107,16 @@ def _top_p_threshold(x: np.ndarray, w: np.ndarray, top_p: float) -> float:
 
     ``x`` and ``w`` in float64."""
     z_kept = float(w.sum())
-    # Same candidate cut as the compiled core: lighter tokens cannot hold the threshold.
+    # Lighter tokens than eps cannot hold the threshold (see sd_top_p_threshold; the
+    # compiled core gathers a superset of these candidates, with the same result).
     eps = 0.5 * (1.0 - top_p) * z_kept / len(x)
     candidates = (w > 0.0) & (w >= eps)
     values, weights = x[candidates], w[candidates]
     order = np.argsort(-values, kind="stable")
     cumulative = np.cumsum(weights[order])
-    i = min(int(np.searchsorted(cumulative, top_p * z_kept, side="left")), len(values) - 1)
+    i = int(np.searchsorted(cumulative, top_p * z_kept, side="left"))
+    if i == len(values):  # out of reach by rounding (top_p within rounding of 1)
+        return -math.inf
     return float(values[order[i]])
 
 

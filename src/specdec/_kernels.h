@@ -19,8 +19,9 @@
  * The file is a template: _kernels_row.h is included once per logits type and
  * _kernels_residual.h once per pair of types.  Speed: the hot loops are written
  * branch-free with a polynomial exp so that GCC emits AVX-512 / AVX2 code; on
- * x86-64 Linux each is compiled three times (target_clones) and the best clone is
- * picked at load time.  No -ffast-math: NaN checks must survive, and the sums are
+ * x86-64 glibc Linux each function marked SD_CLONES is compiled three times
+ * (target_clones) and the best clone is picked at load time.  Elsewhere they are
+ * compiled once for the build's baseline (no FMA on baseline x86-64: slower).  No -ffast-math: NaN checks must survive, and the sums are
  * split explicitly (omp simd reductions) instead.
  */
 #ifndef SPECDEC_KERNELS_H
@@ -31,7 +32,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) \
+/* target_clones needs ifunc: GCC on x86-64 glibc (not musl, not macOS or Windows). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) \
     && !defined(SPECDEC_NO_CLONES)
 #define SD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -92,9 +94,9 @@ SD_INLINE float sd_exp_f32(float z)
     p = fmaf(p, r, 5.0000001201e-1f);
     p = fmaf(p, r * r, r);
     p = p + 1.0f;
-    int32_t bits;
+    uint32_t bits; /* unsigned: masked lanes (z below the bound) may wrap, defined */
     memcpy(&bits, &t, sizeof bits);
-    int32_t scale_bits = (bits - ((int32_t)0x4B400000 - 127)) << 23;
+    uint32_t scale_bits = (bits - (0x4B400000u - 127u)) << 23;
     float scale;
     memcpy(&scale, &scale_bits, sizeof scale);
     return p * scale;
@@ -120,9 +122,9 @@ SD_INLINE double sd_exp_f64(double z)
     p = p * r + 0.5;
     p = p * r + 1.0;
     p = p * r + 1.0;
-    int64_t bits;
+    uint64_t bits;
     memcpy(&bits, &t, sizeof bits);
-    int64_t scale_bits = (bits - ((int64_t)0x4338000000000000LL - 1023)) << 52;
+    uint64_t scale_bits = (bits - (0x4338000000000000ull - 1023u)) << 52;
     double scale;
     memcpy(&scale, &scale_bits, sizeof scale);
     return p * scale;
@@ -185,14 +187,14 @@ static double sd_select_rank(double *a, ptrdiff_t n, ptrdiff_t k)
 /* Top-p threshold from candidate (value, weight) pairs: the largest value v such
  * that `above` plus the weight of all candidates with value >= v reaches `target`.
  * A quickselect on mass: expected O(n), no sort.  Ties stay together.  When rounding
- * leaves the target out of reach, the smallest candidate (keep them all). */
+ * leaves the target out of reach, -inf (keep every token). */
 static double sd_mass_threshold(double *vals, double *ws, ptrdiff_t n, double above,
                                 double target)
 {
     ptrdiff_t lo = 0, hi = n;
     /* `above`: weight of the tokens known to lie above [lo, hi), at first those above
      * every candidate given */
-    double pivot = vals[0];
+    double pivot;
     while (hi > lo) {
         pivot = vals[lo + (hi - lo) / 2];
         /* three-way partition of [lo, hi): > pivot | == pivot | < pivot */
@@ -223,8 +225,9 @@ static double sd_mass_threshold(double *vals, double *ws, ptrdiff_t n, double ab
             lo = lt;
         }
     }
-    /* Rounding left the target just out of reach: keep every candidate. */
-    return pivot;
+    /* Rounding left the target just out of reach (top_p within rounding of 1): keep
+     * every token, as the Python twin does. */
+    return -INFINITY;
 }
 
 #define SD_T float

@@ -214,15 +214,13 @@ SD_CLONES static double SD_SUFFIX(sd_top_p_threshold)(const SD_T *x, ptrdiff_t n
     }
     const double target = top_p * z_kept;
     double above = 0.0;
-    int32_t chosen = 0;
-    for (int32_t b = SD_TOP_P_BUCKETS - 1; b >= 0; b--) {
-        double in_bucket = (mass[0][b] + mass[1][b]) + (mass[2][b] + mass[3][b]);
-        if (above + in_bucket >= target || b == 0) {
-            chosen = b;
-            break;
-        }
+    int32_t chosen;
+    for (chosen = SD_TOP_P_BUCKETS - 1; chosen >= 0; chosen--) {
+        double in_bucket = (mass[0][chosen] + mass[1][chosen]) + (mass[2][chosen] + mass[3][chosen]);
+        if (above + in_bucket >= target) break;
         above += in_bucket;
     }
+    if (chosen < 0) return -INFINITY; /* out of reach by rounding: keep every token */
     ptrdiff_t kept = 0;
     for (ptrdiff_t start = 0; start < count; start += SD_BLOCK) {
         ptrdiff_t len = count - start < SD_BLOCK ? count - start : SD_BLOCK;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -146,7 +147,7 @@ class SamplingControls:
                 raise TypeError(f"top_k must be a positive int or None, got {type(top_k).__name__}")
             if top_k < 1:
                 raise ValueError(f"top_k must be a positive int or None, got {top_k}")
-            k = int(top_k)
+            k = min(int(top_k), sys.maxsize)  # beyond any vocabulary: keeps every token
         p = 1.0
         if top_p is not None:
             if not _is_real(top_p):
