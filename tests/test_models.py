@@ -66,32 +66,19 @@ def _rss_bytes() -> int | None:
 def random_edit_walk(adapter, fresh_logits, start_seq, vocab_size, n_steps, rng):
     """Drive ``adapter`` through random extends, rollbacks and rewrites.
 
-    After every step the rows returned by ``adapter.forward`` are compared
+    After every call the rows returned by ``adapter.forward`` are compared
     with ``fresh_logits(seq)``, the logits of an evaluation of the whole
-    sequence from an empty cache. The steps mimic the decoder (extend by one,
-    extend by gamma + 1, drop rejected drafts and append a different token)
-    and add harsher ones (roll back deep, repeat the very same sequence).
+    sequence from an empty cache. The steps mimic the decoder (a few draft
+    steps of one token each, extend by gamma + 1, drop rejected drafts and
+    append a different token) and add harsher ones (roll back deep, repeat
+    the very same sequence).
 
     Returns the largest absolute difference seen.
     """
     seq = np.asarray(start_seq, dtype=np.int64)
     worst = 0.0
-    for step in range(n_steps):
-        kind = step % 6 if step < 6 else int(rng.integers(0, 6))
-        if kind == 0:  # extend by one token (a draft step)
-            seq = np.append(seq, rng.integers(0, vocab_size))
-        elif kind == 1:  # extend by gamma + 1 (a verification step)
-            seq = np.concatenate([seq, rng.integers(0, vocab_size, GAMMA + 1)])
-        elif kind == 2:  # reject drafts: cut back and put other tokens there
-            cut = int(rng.integers(1, min(GAMMA, len(seq) - 1) + 1))
-            seq = np.concatenate([seq[:-cut], rng.integers(0, vocab_size, int(rng.integers(1, GAMMA + 2)))])
-        elif kind == 3:  # pure rollback, nothing new
-            cut = int(rng.integers(1, min(GAMMA, len(seq) - 1) + 1))
-            seq = seq[:-cut]
-        elif kind == 4:  # deep rollback into the prompt, then regrow
-            keep = int(rng.integers(1, max(2, len(seq) // 2)))
-            seq = np.concatenate([seq[:keep], rng.integers(0, vocab_size, 3)])
-        # kind == 5: the very same sequence again
+
+    def check(seq):
         n_keep = int(rng.integers(1, min(len(seq), GAMMA + 1) + 1))
         ids = seq[None].copy()
         ids.flags.writeable = False  # the decoder passes read-only arrays
@@ -99,21 +86,44 @@ def random_edit_walk(adapter, fresh_logits, start_seq, vocab_size, n_steps, rng)
         assert out.shape == (1, n_keep, vocab_size)
         assert out.dtype == np.float32
         expected = fresh_logits(seq)[-n_keep:]
-        worst = max(worst, float(np.max(np.abs(out[0].astype(np.float64) - expected))))
+        return float(np.max(np.abs(out[0].astype(np.float64) - expected)))
+
+    for step in range(n_steps):
+        kind = step % 6 if step < 6 else int(rng.integers(0, 6))
+        if kind in (2, 3, 4) and len(seq) <= GAMMA + 2:
+            kind = 1  # too short to cut: grow instead
+        if kind == 0:  # draft steps: extend by one token at a time
+            for _ in range(3):
+                seq = np.append(seq, rng.integers(0, vocab_size))
+                worst = max(worst, check(seq))
+            continue
+        if kind == 1:  # extend by gamma + 1 (a verification step)
+            seq = np.concatenate([seq, rng.integers(0, vocab_size, GAMMA + 1)])
+        elif kind == 2:  # reject drafts: cut back and put other tokens there
+            cut = int(rng.integers(1, GAMMA + 1))
+            seq = np.concatenate([seq[:-cut], rng.integers(0, vocab_size, int(rng.integers(1, GAMMA + 2)))])
+        elif kind == 3:  # pure rollback, nothing new
+            cut = int(rng.integers(1, GAMMA + 1))
+            seq = seq[:-cut]
+        elif kind == 4:  # deep rollback into the prompt, then regrow
+            keep = int(rng.integers(1, max(2, len(seq) // 2)))
+            seq = np.concatenate([seq[:keep], rng.integers(0, vocab_size, 3)])
+        # kind == 5: the very same sequence again
+        worst = max(worst, check(seq))
     return worst
 
 
-def greedy_divergence(spec_ids, greedy_ids, prompt_len, fresh_logits, tol):
+def greedy_divergence(spec_ids, greedy_ids, prompt_len, fresh_logits, tol, divergence_tol=None):
     """Check that a speculative greedy output is a greedy decoding of the target.
 
     Every generated token of ``spec_ids`` must be an argmax of the target's
     logits at its position, up to ``tol`` (a fresh whole-sequence evaluation
     is used as the judge). If ``spec_ids`` and ``greedy_ids`` differ, the first
     difference must be at a near tie of the target (top-two logits within
-    ``tol``), where numerical noise between batched and one-token evaluation
-    may legitimately pick either token.
+    ``divergence_tol``, default ``tol``), where numerical differences between
+    batched and one-token evaluation may legitimately pick either token.
 
-    Returns ``(first_difference_or_None, smallest_top2_gap_seen)``.
+    Returns ``(first_difference_or_None, top2_gap_there_or_None, smallest_top2_gap_seen)``.
     """
     spec = np.asarray(spec_ids)
     logits = fresh_logits(spec)
@@ -129,16 +139,16 @@ def greedy_divergence(spec_ids, greedy_ids, prompt_len, fresh_logits, tol):
     n = min(len(spec_ids), len(greedy_ids))
     diff = [i for i in range(n) if spec_ids[i] != greedy_ids[i]]
     if not diff:
-        return None, min_gap
+        return None, None, min_gap
     first = diff[0]
     assert first >= prompt_len
     row = fresh_logits(np.asarray(greedy_ids[:first]))[-1]
     top2 = np.sort(row)[-2:]
-    assert top2[1] - top2[0] <= tol, (
+    assert top2[1] - top2[0] <= (tol if divergence_tol is None else divergence_tol), (
         f"speculative and plain greedy outputs differ at position {first} "
         f"although the target's top-two gap there is {top2[1] - top2[0]:.5f}"
     )
-    return first, min_gap
+    return first, float(top2[1] - top2[0]), min_gap
 
 
 def check_linear_work(draft, target, prompt, n_new, temperature):
@@ -290,6 +300,7 @@ def test_transformers_rollbacks_match_fresh_evaluation(tiny_lms, tf_prompt, whic
     adapter = models.TransformersModel(hf)
     assert adapter.vocab_size == TF_VOCAB
     worst = random_edit_walk(adapter, _tf_fresh(hf), tf_prompt, TF_VOCAB, 60, np.random.default_rng(which))
+    print(f"transformers {type(hf).__name__}: max |logit - fresh logit| = {worst:.3g}")
     # Same float32 arithmetic, only split differently between calls:
     # measured ~4e-7 (gpt2) and ~1e-6 (llama, larger weights).
     assert worst < 1e-4, worst
@@ -346,7 +357,7 @@ def test_transformers_greedy_speculative_equals_greedy(tiny_lms, tf_prompt):
     # torch's batched and one-token evaluations agree to ~1e-6 and the
     # logits are well spread, so exact equality is expected here; the helper
     # additionally checks every token is an argmax of a fresh evaluation.
-    first_diff, _ = greedy_divergence(spec_ids, greedy_ids, len(tf_prompt), _tf_fresh(llama), tol=1e-4)
+    first_diff, _, _ = greedy_divergence(spec_ids, greedy_ids, len(tf_prompt), _tf_fresh(llama), tol=1e-4)
     assert first_diff is None
     assert list(spec_ids) == list(greedy_ids)
     assert stats.total_tokens_generated == n_new
@@ -360,6 +371,7 @@ def test_transformers_same_model_accepts_nearly_everything(tiny_lms, tf_prompt):
     )
     # Identical weights; logits differ only by float32 rounding (~1e-6), so
     # min(1, p/q) is 1 up to ~1e-6 for every draft: measured 1.0.
+    print(f"transformers draft == target: acceptance at T=1 = {stats.acceptance_rate:.4f}")
     assert stats.acceptance_rate >= 0.99, stats.acceptance_rate
 
 
@@ -370,7 +382,9 @@ def test_transformers_memory_is_stable(tiny_lms, tf_prompt):
 
 def test_transformers_work_is_linear(tiny_lms, tf_prompt):
     gpt2, llama = tiny_lms
-    info = check_linear_work(models.TransformersModel(gpt2), models.TransformersModel(llama), tf_prompt, 256, 1.0)
+    draft, target = models.TransformersModel(gpt2), models.TransformersModel(llama)
+    info = check_linear_work(draft, target, tf_prompt, 256, 1.0)
+    print(f"transformers work for 256 tokens: {info}")
     assert info["target_evaluated"] < info["linear_budget"]
 
 
@@ -379,8 +393,18 @@ def test_transformers_work_is_linear(tiny_lms, tf_prompt):
 # --------------------------------------------------------------------------
 
 LLAMA_KW = dict(n_ctx=1024, n_threads=2, seed=0, verbose=False)
+SMOL_VOCAB = 49152
 
 PROMPT_TEXT = "Once upon a time, in a small village by the sea, there lived"
+
+# llama.cpp evaluates a single token with other kernels than a batch, and the
+# logits differ: measured here (SmolLM2-135M Q4_1, x86-64 AVX2 build) up to
+# ~1.2, mean ~0.17, in logits of magnitude up to ~40. Batched evaluations agree
+# bit for bit whatever the batch sizes (measured max difference 0.0), so an
+# adapter with min_eval_tokens=2, which never evaluates a token alone, must
+# match a fresh one-batch evaluation almost exactly.
+LLAMA_SINGLE_VS_BATCH_TOL = 3.0
+LLAMA_BATCHED_TOL = 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -407,6 +431,12 @@ def smol_draft(smollm2):
 
 
 @pytest.fixture(scope="module")
+def smol_batched(smollm2):
+    """Target that never evaluates a token alone (all logits from batched kernels)."""
+    return models.LlamaCppModel(smollm2, min_eval_tokens=2, **LLAMA_KW)
+
+
+@pytest.fixture(scope="module")
 def smol_fresh(smollm2):
     """Logits of a whole sequence evaluated in one batch from an empty cache."""
     judge = models.LlamaCppModel(smollm2, **LLAMA_KW)
@@ -423,25 +453,24 @@ def smol_prompt(smol_target):
     return smol_target.tokenize(PROMPT_TEXT)
 
 
-# llama.cpp evaluates a batch of tokens with other kernels than a single
-# token, so the same position's logits differ slightly with how the sequence
-# was split into evaluations. Measured on SmolLM2-135M Q4_1 here: max abs
-# difference ~0.03 over logits of magnitude ~20 (see the report in the tests).
-LLAMA_LOGIT_TOL = 0.15
-
-
 def test_llama_adapter_basics(smollm2, smol_target, smol_prompt):
     llama_cpp = importlib.import_module("llama_cpp")
-    assert smol_target.vocab_size == 49152
+    assert smol_target.vocab_size == SMOL_VOCAB
     assert isinstance(smol_target.eos_token_id, int)
     assert "village" in smol_target.detokenize(smol_prompt)
     # An existing Llama without logits_all cannot verify several drafts.
     plain = llama_cpp.Llama(model_path=str(smollm2), n_ctx=64, n_threads=2, verbose=False)
     with pytest.raises(ValueError, match="logits_all"):
         models.LlamaCppModel(plain)
+    with pytest.raises(ValueError, match="keyword"):
+        models.LlamaCppModel(smol_target.llama, n_ctx=64)
+    with pytest.raises(ValueError, match="min_eval_tokens"):
+        models.LlamaCppModel(smol_target.llama, min_eval_tokens=0)
     del plain
     with pytest.raises(ValueError, match="n_ctx"):
-        smol_target.forward(np.zeros((1, 1025), dtype=np.int64), logits_to_keep=1)
+        smol_target.forward(np.zeros((1, LLAMA_KW["n_ctx"] + 1), dtype=np.int64), logits_to_keep=1)
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        smol_target.forward(np.array([smol_prompt]), logits_to_keep=len(smol_prompt) + 1)
 
 
 def test_llama_forward_returns_a_copy(smol_target, smol_prompt):
@@ -459,11 +488,12 @@ def test_llama_counts_and_same_sequence(smol_target, smol_prompt, smol_fresh):
     ids = np.array([smol_prompt])
     first = smol_target.forward(ids, logits_to_keep=1)
     assert smol_target.n_evaluated_tokens == len(smol_prompt)
-    # Nothing new: the cached rows are returned without evaluating anything.
+    # Nothing new: llama.cpp's scores of cached positions are still valid, so
+    # they are returned without evaluating anything.
     again = smol_target.forward(ids, logits_to_keep=3)
     assert smol_target.n_evaluated_tokens == len(smol_prompt)
     np.testing.assert_array_equal(again[:, -1], first[:, -1])
-    np.testing.assert_allclose(again[0], smol_fresh(smol_prompt)[-3:], atol=LLAMA_LOGIT_TOL)
+    np.testing.assert_allclose(again[0], smol_fresh(smol_prompt)[-3:], atol=LLAMA_BATCHED_TOL)
     # Roll back by two and re-extend by three: three tokens of work.
     smol_target.forward(np.array([smol_prompt[:-2] + [17, 18, 19]]), logits_to_keep=4)
     assert smol_target.n_evaluated_tokens == len(smol_prompt) + 3
@@ -472,23 +502,57 @@ def test_llama_counts_and_same_sequence(smol_target, smol_prompt, smol_fresh):
     assert smol_target.n_evaluated_tokens == 0 and smol_target.cached_tokens.size == 0
 
 
-def test_llama_rollbacks_match_fresh_evaluation(smol_target, smol_prompt, smol_fresh, record_property):
-    smol_target.reset()
-    worst = random_edit_walk(smol_target, smol_fresh, smol_prompt, 49152, 30, np.random.default_rng(0))
-    record_property("llama_max_abs_logit_diff", worst)
-    print(f"llama.cpp: max |logit - fresh logit| over the walk = {worst:.4f}")
-    assert worst < LLAMA_LOGIT_TOL, worst
+@pytest.mark.parametrize(
+    ("min_eval_tokens", "tol", "steps"),
+    [(2, LLAMA_BATCHED_TOL, 20), (1, LLAMA_SINGLE_VS_BATCH_TOL, 20)],
+    ids=["batched-exact", "default"],
+)
+def test_llama_rollbacks_match_fresh_evaluation(
+    smollm2, smol_prompt, smol_fresh, min_eval_tokens, tol, steps
+):
+    # With min_eval_tokens=2 every logit comes from the batched kernels, so
+    # the comparison is exact and any stale or misplaced cache entry shows up
+    # (measured max difference 0.0). The default adapter mixes one-token and
+    # batched evaluations: the bound then only covers the kernel difference
+    # (measured up to ~1.2).
+    adapter = models.LlamaCppModel(smollm2, min_eval_tokens=min_eval_tokens, **LLAMA_KW)
+    worst = random_edit_walk(adapter, smol_fresh, smol_prompt, SMOL_VOCAB, steps, np.random.default_rng(0))
+    print(f"llama.cpp min_eval_tokens={min_eval_tokens}: max |logit - fresh logit| = {worst:.6f}")
+    assert worst <= tol, worst
 
 
-def test_llama_greedy_speculative_equals_greedy(smol_target, smol_draft, smol_prompt, smol_fresh, smollm2):
-    # What is asserted and why: the speculative target evaluates gamma + 1
-    # tokens per call while plain greedy sampling evaluates one, and
-    # llama.cpp's logits differ slightly between the two (see
-    # LLAMA_LOGIT_TOL). So the helper checks that every speculative token is
-    # an argmax of the target up to that noise, and that any difference from
-    # plain greedy decoding starts at a near tie. For this prompt and length
-    # the outputs are in fact identical here, which is asserted too: a
-    # divergence on this machine type would point at a real bug, not noise.
+def test_llama_greedy_speculative_equals_batched_greedy(smol_batched, smol_draft, smollm2, smol_prompt):
+    # Exact check. Both targets never evaluate a token alone, so all their
+    # logits come from llama.cpp's batched kernels and are bit-identical
+    # however the sequence is split: speculative greedy decoding must give
+    # exactly the target's own greedy decoding. (The draft is a default
+    # adapter; its logits only affect which drafts get accepted.)
+    n_new = 96
+    smol_batched.reset()
+    smol_draft.reset()
+    spec_ids, stats = specdec.SpeculativeDecoder(gamma=GAMMA, temperature=0.0).generate(
+        smol_draft, smol_batched, smol_prompt, max_new_tokens=n_new
+    )
+    target2 = models.LlamaCppModel(smollm2, min_eval_tokens=2, **LLAMA_KW)
+    greedy_ids, _ = specdec.sample(target2, smol_prompt, n_new, temperature=0.0)
+    assert list(spec_ids) == list(greedy_ids)
+    assert stats.total_tokens_generated == n_new
+
+
+def test_llama_greedy_speculative_follows_target_argmax(
+    smol_target, smol_draft, smollm2, smol_prompt, smol_fresh
+):
+    # Default adapters. What is asserted and why: the speculative target
+    # evaluates gamma + 1 tokens per call (batched kernels) while plain greedy
+    # sampling evaluates one at a time (one-token kernels), and the two
+    # kernels disagree about the argmax at a few positions of a long text
+    # (4 of 135 positions measured here). So exact equality with
+    # specdec.sample is not guaranteed. Asserted instead:
+    #  * every speculative token is exactly the argmax of a fresh batched
+    #    evaluation of the target, i.e. the output is the target's greedy
+    #    decoding under the kernels it was verified with;
+    #  * where it departs from plain greedy decoding, the target's top-two
+    #    logits there are within the measured kernel difference.
     n_new = 96
     smol_target.reset()
     smol_draft.reset()
@@ -497,46 +561,54 @@ def test_llama_greedy_speculative_equals_greedy(smol_target, smol_draft, smol_pr
     )
     target2 = models.LlamaCppModel(smollm2, **LLAMA_KW)
     greedy_ids, _ = specdec.sample(target2, smol_prompt, n_new, temperature=0.0)
-    del target2
-    first_diff, min_gap = greedy_divergence(spec_ids, greedy_ids, len(smol_prompt), smol_fresh, LLAMA_LOGIT_TOL)
-    print(f"llama.cpp greedy: first difference {first_diff}, smallest top-2 gap {min_gap:.4f}, "
-          f"acceptance {stats.acceptance_rate:.3f}")
-    assert first_diff is None
+    first_diff, gap_there, min_gap = greedy_divergence(
+        spec_ids, greedy_ids, len(smol_prompt), smol_fresh, LLAMA_BATCHED_TOL,
+        divergence_tol=LLAMA_SINGLE_VS_BATCH_TOL,
+    )
+    print(f"llama.cpp greedy: first difference from plain greedy at position {first_diff} "
+          f"(prompt {len(smol_prompt)}), top-2 gap there {gap_there}, smallest top-2 gap "
+          f"{min_gap:.4f}, acceptance {stats.acceptance_rate:.3f}")
     assert stats.total_tokens_generated == n_new
 
 
-def test_llama_same_model_accepts_nearly_everything(smol_target, smol_draft, smol_prompt, record_property):
-    smol_target.reset()
-    smol_draft.reset()
+@pytest.mark.parametrize(
+    ("min_eval_tokens", "bound"), [(1, 0.9), (2, 0.999)], ids=["default", "batched"]
+)
+def test_llama_same_model_acceptance(smollm2, smol_prompt, min_eval_tokens, bound):
+    # Draft and target: the same weights in two Llama objects. With default
+    # adapters the draft's one-token logits differ from the target's batched
+    # ones, so min(1, p/q) < 1 at times: measured 0.98 (expected value from
+    # the logit differences: 0.974). With min_eval_tokens=2 both use the
+    # batched kernels, p == q and every draft is accepted: measured 1.0.
+    draft = models.LlamaCppModel(smollm2, min_eval_tokens=min_eval_tokens, **LLAMA_KW)
+    target = models.LlamaCppModel(smollm2, min_eval_tokens=min_eval_tokens, **LLAMA_KW)
     _, stats = specdec.SpeculativeDecoder(gamma=GAMMA, temperature=1.0, seed=5).generate(
-        smol_draft, smol_target, smol_prompt, max_new_tokens=128
+        draft, target, smol_prompt, max_new_tokens=128
     )
-    record_property("llama_same_model_acceptance", stats.acceptance_rate)
-    print(f"llama.cpp draft == target acceptance at T=1: {stats.acceptance_rate:.4f}")
-    # Not 1: batched (target) and one-token (draft) logits differ by up to
-    # ~0.03, so p/q is not exactly 1. Measured ~0.99 here.
-    assert stats.acceptance_rate >= 0.95, stats.acceptance_rate
+    print(f"llama.cpp draft == target, min_eval_tokens={min_eval_tokens}: "
+          f"acceptance at T=1 = {stats.acceptance_rate:.4f}")
+    assert stats.acceptance_rate >= bound, stats.acceptance_rate
 
 
-def test_llama_shared_llama_object_stays_correct(smol_target, smol_prompt):
+def test_llama_shared_llama_object_stays_correct(smol_target, smol_prompt, smol_fresh):
     # Draft and target wrapping the same Llama share one KV cache; each
     # switch rolls it back, which is slow but must stay correct because the
     # adapters read the cache's token record from the Llama itself.
     shared = models.LlamaCppModel(smol_target.llama)
     smol_target.reset()
-    _, stats = specdec.SpeculativeDecoder(gamma=GAMMA, temperature=0.0).generate(
+    spec_ids, stats = specdec.SpeculativeDecoder(gamma=GAMMA, temperature=0.0).generate(
         shared, smol_target, smol_prompt, max_new_tokens=16
     )
-    # Same model greedy: every draft is the target's argmax up to noise.
-    assert stats.acceptance_rate >= 0.9
+    greedy_divergence(spec_ids, spec_ids, len(smol_prompt), smol_fresh, LLAMA_SINGLE_VS_BATCH_TOL)
+    assert stats.acceptance_rate >= 0.5
 
 
 def test_llama_memory_is_stable(smol_target, smol_draft, smol_prompt):
+    smol_target.reset()
+    smol_draft.reset()
     check_memory_stable(smol_draft, smol_target, smol_prompt, 32)
 
 
-def test_llama_work_is_linear(smol_target, smol_draft, smol_prompt, record_property):
+def test_llama_work_is_linear(smol_target, smol_draft, smol_prompt):
     info = check_linear_work(smol_draft, smol_target, smol_prompt, 256, 1.0)
-    for key, value in info.items():
-        record_property(key, value)
     print(f"llama.cpp work for 256 tokens: {info}")

@@ -141,6 +141,12 @@ class LlamaCppModel:
         with ``logits_all=True`` (and ``verbose=False`` unless given), or an
         existing ``Llama`` object, which must have been created with
         ``logits_all=True``.
+    min_eval_tokens : int, default 1
+        When a call has tokens to evaluate, evaluate at least this many,
+        re-evaluating already cached ones if needed. With 2, every position
+        goes through llama.cpp's batched code path, whose logits do not depend
+        on how the sequence was split into calls; see Notes. Costs up to one
+        extra token per call.
     **llama_kwargs
         Extra keyword arguments for ``llama_cpp.Llama`` (for example
         ``n_ctx=1024, n_threads=2, seed=0``). Only allowed with a path.
@@ -152,6 +158,8 @@ class LlamaCppModel:
         ``scores`` are the adapter's state.
     vocab_size : int
         Number of logits per position, ``V``.
+    min_eval_tokens : int
+        See Parameters.
     n_evaluated_tokens : int
         Total number of tokens pushed through the model since creation or the
         last :meth:`reset` (a measure of model work; cached tokens are free).
@@ -175,11 +183,24 @@ class LlamaCppModel:
     model switch rolls the shared cache back, so it is slower than two
     ``Llama`` objects).
 
-    llama.cpp computes a batch of tokens with different kernels than a single
-    token, so logits of a position evaluated in a batch differ from those of
-    the same position evaluated alone by a small amount (around 1e-2 in the
-    logits of SmolLM2-135M Q4_1). Greedy decoding can therefore differ between
-    the two at near ties.
+    llama.cpp computes a token evaluated alone along another code path than
+    tokens evaluated in a batch, and the numbers differ (in the logits and in
+    the key/value entries left in the cache, which then affect later
+    positions): for SmolLM2-135M Q4_1 on an x86-64 CPU, decoding a text one
+    token at a time gave logits up to about 1.2 (mean about 0.17) away from a
+    one-batch evaluation, for logits of magnitude up to about 40. Batched
+    evaluations, on the other hand, gave bit-identical logits whatever batch
+    sizes the sequence was split into. In speculative decoding the target
+    always evaluates batches (the drafts plus one) while the draft and plain
+    one-token-at-a-time decoding evaluate single tokens, so
+
+    * a draft identical to the target is accepted about 97% of the time at
+      temperature 1, not 100%;
+    * speculative greedy decoding can differ from plain greedy decoding
+      where the two kernels disagree about the argmax.
+
+    ``min_eval_tokens=2`` removes both effects (at the price of evaluating
+    two tokens where one would do) by never evaluating a token alone.
 
     Examples
     --------
@@ -188,7 +209,9 @@ class LlamaCppModel:
     >>> prompt = model.tokenize("The capital of France is")  # doctest: +SKIP
     """
 
-    def __init__(self, llama_or_model_path: Any, **llama_kwargs: Any) -> None:
+    def __init__(self, llama_or_model_path: Any, *, min_eval_tokens: int = 1, **llama_kwargs: Any) -> None:
+        if int(min_eval_tokens) < 1:
+            raise ValueError(f"min_eval_tokens must be at least 1, got {min_eval_tokens}")
         llama_cpp = _import_llama_cpp()
         self._llama_cpp = llama_cpp
         if isinstance(llama_or_model_path, llama_cpp.Llama):
@@ -215,6 +238,7 @@ class LlamaCppModel:
         self.llama = llama
         self.vocab_size = int(llama.n_vocab())
         self._n_ctx = int(llama.n_ctx())
+        self.min_eval_tokens = int(min_eval_tokens)
         self.n_evaluated_tokens = 0
         self.n_forward_calls = 0
 
@@ -324,6 +348,9 @@ class LlamaCppModel:
         # Rows of ``scores`` below ``keep`` were computed from the same prefix
         # as now, so they are still valid and need no re-evaluation; this also
         # covers a call whose sequence is entirely cached already.
+        if keep < length:
+            # Something must be evaluated: make it at least min_eval_tokens.
+            keep = min(keep, max(0, length - self.min_eval_tokens))
         self._roll_back(keep)
         keep = int(llama.n_tokens)  # 0 if the model had to start over
         if keep < length:
@@ -391,10 +418,12 @@ class LlamaCppModel:
 class TransformersModel:
     """A ``transformers`` causal LM as a prefix-caching ``specdec`` model.
 
-    The model's key/value cache (a ``transformers.DynamicCache``) is kept
-    between calls. Each :meth:`forward` call crops it to the longest common
-    prefix of the new sequence and the cached one and runs the model on the
-    remaining tokens only, under :func:`torch.inference_mode`.
+    The model's key/value cache (a ``transformers.DynamicCache``, or the
+    legacy per-layer tuples of models that predate it) is kept between calls.
+    Each :meth:`forward` call crops it to the longest common prefix of the new
+    sequence and the cached one and runs the model on the remaining tokens
+    only, under :func:`torch.inference_mode`. Tested with transformers 4.45
+    and 5.24.
 
     Parameters
     ----------
@@ -449,7 +478,14 @@ class TransformersModel:
         # transformers 5 renamed the ``past_key_values`` argument to ``cache``
         # (the old name still works there, with a deprecation warning).
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
-        self._has_logits_to_keep = "logits_to_keep" in params
+        # ``logits_to_keep`` was ``num_logits_to_keep`` before transformers 4.50;
+        # some models have neither and return every row.
+        self._keep_arg = next((a for a in ("logits_to_keep", "num_logits_to_keep") if a in params), None)
+        # transformers 4.x flags models that still use the legacy tuple cache
+        # (such as GPT-2 before 4.47): they get no cache object from us and
+        # their returned tuples are cropped by slicing. transformers 5 dropped
+        # both the flag and the tuples.
+        self._cache_objects = bool(getattr(self.model, "_supports_cache_class", True))
         out_emb = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
         if out_emb is not None and getattr(out_emb, "weight", None) is not None:
             # The output layer, not the config, decides the logits' width
@@ -475,6 +511,8 @@ class TransformersModel:
         return self._tokens.copy()
 
     def _new_cache(self) -> Any:
+        if not self._cache_objects:
+            return None  # the model makes a legacy tuple cache itself
         try:
             # Recent versions build per-layer caches (e.g. sliding windows)
             # from the config.
@@ -482,23 +520,34 @@ class TransformersModel:
         except TypeError:
             return self._DynamicCache()
 
-    def _roll_back(self, n_keep: int) -> None:
-        """Make the cache hold only its first ``n_keep`` tokens."""
-        n_cached = self._tokens.shape[0]
-        if n_keep >= n_cached:
-            return
-        cache = self._cache
-        croppable = getattr(cache, "is_croppable", True) if cache is not None else False
-        if n_keep > 0 and croppable and hasattr(cache, "crop"):
+    @staticmethod
+    def _cropped(cache: Any, n_keep: int, n_cached: int) -> Any:
+        """``cache`` holding its first ``n_keep`` tokens only, or None if impossible."""
+        if cache is None or n_keep <= 0:
+            return None
+        if hasattr(cache, "crop"):
+            if not getattr(cache, "is_croppable", True):
+                return None
             # A negative argument removes that many trailing tokens in every
             # transformers version that has ``crop`` (a positive one means
             # "keep this many" in 4.x but is rejected by 5.x); never pass 0,
             # which empties the cache in 4.x.
             cache.crop(n_keep - n_cached)
-            self._tokens = self._tokens[:n_keep]
-        else:
-            self._cache = None
-            self._tokens = self._tokens[:0]
+            return cache
+        if isinstance(cache, (tuple, list)):
+            # Legacy format: per layer a (key, value) pair of tensors shaped
+            # (batch, heads, sequence, head_dim).
+            return tuple(tuple(t[..., :n_keep, :] for t in layer) for layer in cache)
+        return None
+
+    def _roll_back(self, n_keep: int) -> None:
+        """Make the cache hold only its first ``n_keep`` tokens."""
+        n_cached = self._tokens.shape[0]
+        if n_keep >= n_cached:
+            return
+        self._cache = self._cropped(self._cache, n_keep, n_cached)
+        # Without a cache (it could not be cropped) the model starts over.
+        self._tokens = self._tokens[:n_keep] if self._cache is not None else self._tokens[:0]
 
     # -- public API --------------------------------------------------------
 
@@ -537,10 +586,13 @@ class TransformersModel:
         start = self._tokens.shape[0]
         if self._cache is None:
             self._cache = self._new_cache()
-        new_ids = torch.as_tensor(seq[start:], device=self.device).unsqueeze(0)
-        kwargs: dict[str, Any] = {self._cache_arg: self._cache, "use_cache": True}
-        if self._has_logits_to_keep:
-            kwargs["logits_to_keep"] = n
+        # A copy: torch warns about (and cannot protect) read-only buffers.
+        new_ids = torch.tensor(seq[start:][None], dtype=torch.long, device=self.device)
+        kwargs: dict[str, Any] = {"use_cache": True}
+        if self._cache is not None:
+            kwargs[self._cache_arg] = self._cache
+        if self._keep_arg is not None:
+            kwargs[self._keep_arg] = n
         try:
             with torch.inference_mode():
                 out = self.model(new_ids, **kwargs)
@@ -554,9 +606,11 @@ class TransformersModel:
             raise
         returned = out.get(self._cache_arg) if hasattr(out, "get") else None
         if returned is not None:
-            # Older versions may hand back a new cache object.
+            # Cache objects are updated in place, but legacy tuples are new
+            # on every call.
             self._cache = returned
-        self._tokens = seq.copy()
+        # A model that handed no cache back must start over next time.
+        self._tokens = seq.copy() if self._cache is not None else self._tokens[:0]
         self.n_evaluated_tokens += length - start
         return result
 
@@ -568,7 +622,8 @@ class TransformersModel:
         self.n_forward_calls = 0
 
     def __repr__(self) -> str:
-        return f"TransformersModel({type(self.model).__name__}, vocab_size={self.vocab_size}, device={str(self.device)!r})"
+        name = type(self.model).__name__
+        return f"TransformersModel({name}, vocab_size={self.vocab_size}, device={str(self.device)!r})"
 
 
 # --------------------------------------------------------------------------
