@@ -157,6 +157,32 @@ SD_INLINE double sd_zlow_f64(double zmin)
     return zmin > SD_EXP_LOWEST_F64 ? zmin : SD_EXP_LOWEST_F64;
 }
 
+/* The block of an inverse-CDF draw from block sums: the first block whose cumulative
+ * sum exceeds *target, with the mass of the blocks before it in *below.  When
+ * rounding puts the target at or past the total, the last block of positive mass,
+ * with *target set to +inf so that its scan ends on its last positive weight.
+ * -1 when no block has mass. */
+static ptrdiff_t sd_choose_block(const double *blocks, ptrdiff_t nblocks, double *target,
+                                 double *below)
+{
+    ptrdiff_t last_block = -1;
+    double acc = 0.0;
+    for (ptrdiff_t b = 0; b < nblocks; b++) {
+        if (!(blocks[b] > 0.0)) continue;
+        if (acc + blocks[b] > *target) {
+            *below = acc;
+            return b;
+        }
+        last_block = b;
+        acc += blocks[b];
+    }
+    if (last_block >= 0) {
+        *below = acc - blocks[last_block];
+        *target = INFINITY;
+    }
+    return last_block;
+}
+
 /* In-place quickselect: the value of rank k (0-based, ascending) of a[0..n). */
 static double sd_select_rank(double *a, ptrdiff_t n, ptrdiff_t k)
 {

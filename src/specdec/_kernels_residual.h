@@ -44,25 +44,9 @@ static ptrdiff_t SD_SUFFIX(sd_residual_pick)(const SD_TP *wp, const SD_TQ *wq, p
                                              double target)
 {
     const double inv_zp = 1.0 / zp, inv_zq = 1.0 / zq;
-    ptrdiff_t nblocks = (n + SD_BLOCK - 1) / SD_BLOCK;
-    ptrdiff_t chosen = -1, last_block = -1;
     double acc = 0.0;
-    for (ptrdiff_t b = 0; b < nblocks; b++) {
-        if (!(blocks[b] > 0.0)) continue;
-        last_block = b;
-        if (acc + blocks[b] > target) {
-            chosen = b;
-            break;
-        }
-        acc += blocks[b];
-    }
-    if (chosen < 0) {
-        /* target >= total by rounding: take the last token of positive weight */
-        if (last_block < 0) return -1;
-        chosen = last_block;
-        acc -= blocks[last_block];
-        target = INFINITY;
-    }
+    ptrdiff_t chosen = sd_choose_block(blocks, (n + SD_BLOCK - 1) / SD_BLOCK, &target, &acc);
+    if (chosen < 0) return -1;
     ptrdiff_t start = chosen * SD_BLOCK;
     ptrdiff_t end = start + SD_BLOCK < n ? start + SD_BLOCK : n;
     double residual[SD_BLOCK];

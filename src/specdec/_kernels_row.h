@@ -87,25 +87,9 @@ SD_CLONES static ptrdiff_t SD_SUFFIX(sd_pick)(const SD_T *x, ptrdiff_t n, double
                                               double target)
 {
     const SD_T mt = (SD_T)m, it = (SD_T)inv_t, taut = (SD_T)tau, zt = SD_SUFFIX(sd_zlow)(zmin);
-    ptrdiff_t nblocks = (n + SD_BLOCK - 1) / SD_BLOCK;
-    ptrdiff_t chosen = -1, last_block = -1;
     double acc = 0.0;
-    for (ptrdiff_t b = 0; b < nblocks; b++) {
-        if (!(blocks[b] > 0.0)) continue;
-        last_block = b;
-        if (acc + blocks[b] > target) {
-            chosen = b;
-            break;
-        }
-        acc += blocks[b];
-    }
-    if (chosen < 0) {
-        /* target >= total by rounding: take the last token of positive weight */
-        if (last_block < 0) return -1;
-        chosen = last_block;
-        acc -= blocks[last_block];
-        target = INFINITY;
-    }
+    ptrdiff_t chosen = sd_choose_block(blocks, (n + SD_BLOCK - 1) / SD_BLOCK, &target, &acc);
+    if (chosen < 0) return -1;
     ptrdiff_t start = chosen * SD_BLOCK;
     ptrdiff_t end = start + SD_BLOCK < n ? start + SD_BLOCK : n;
     ptrdiff_t last_positive = -1;
