@@ -33,7 +33,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec._backend import available_backends, kernels_for
-from specdec._common import ALL_MASKED_LOGITS, NONFINITE_LOGITS, InvalidLogitsError
+from specdec._common import (ALL_MASKED_LOGITS, NONFINITE_LOGITS, SHIFT_LIMIT,
+                             InvalidLogitsError)
 from toymodels import ContextModel
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -182,7 +183,12 @@ def test_sample_token_properties(kernels, case):
         assert same_state(state, np.random.default_rng(seed).bit_generator.state)  # no draw
     else:
         assert weights[token] > 0 and law[3] > 0
-        assert law[0] == row.max()
+        # law[0] is the shift of the weights: the maximum, or without controls the
+        # first block's maximum when the row's own is within SHIFT_LIMIT of it
+        assert law[0] in row and law[0] <= row.max()
+        assert (float(row.max()) - law[0]) / temperature <= SHIFT_LIMIT
+        if top_k or top_p < 1 or min_p > 0:
+            assert law[0] == row.max()
     twin = twin_of(kernels)
     if twin is not None:
         other, other_law, other_weights, other_state = run_sample(twin, row, temperature, top_k,
@@ -490,3 +496,32 @@ def test_top_k_beyond_any_vocabulary_keeps_every_token(backend):
     model = ContextModel(5, seed=2)
     plain = sample(model, [1], 20, seed=3, backend=backend)[0]
     assert sample(model, [1], 20, seed=3, top_k=2**64, backend=backend)[0] == plain
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("gap", [10.0, 63.0, 65.0, 300.0])
+def test_provisional_shift_and_its_redo(kernels, dtype, gap):
+    # Without controls the weights are shifted by the first block's maximum; a row whose
+    # maximum lies more than SHIFT_LIMIT above it is redone from the maximum (else float
+    # weights would overflow).  Both ways the law and the twin's answer are the same.
+    vocab = 3 * 512
+    rng = np.random.default_rng(int(gap))
+    row = rng.normal(size=vocab).astype(dtype)
+    row[:512] -= gap
+    row[700] = row[512:].max() + 1.0  # the one token that matters
+    head_max = float(row[:512].max())
+    law, weights = np.zeros(4), np.empty(vocab, dtype)
+    token = kernels.sample_token(row, 1.0, 0, 1.0, 0.0, np.random.default_rng(0), law, weights,
+                                 kernels.Workspace(vocab))
+    expected_shift = float(row.max()) if float(row.max()) - head_max > SHIFT_LIMIT else head_max
+    assert law[0] == expected_shift
+    assert np.all(np.isfinite(weights)) and np.isfinite(law[3])
+    probs = weights.astype(np.float64) / law[3]
+    exact = np.exp(row.astype(np.float64) - row.max())
+    np.testing.assert_allclose(probs, exact / exact.sum(), rtol=1e-5, atol=1e-30)
+    twin = twin_of(kernels)
+    if twin is not None:
+        other_law, other_weights = np.zeros(4), np.empty(vocab, dtype)
+        other = twin.sample_token(row, 1.0, 0, 1.0, 0.0, np.random.default_rng(0), other_law,
+                                  other_weights, twin.Workspace(vocab))
+        assert other == token and np.array_equal(other_weights, weights)

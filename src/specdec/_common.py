@@ -5,6 +5,11 @@ from __future__ import annotations
 #: Elements per block of a sampling pass (must equal SD_BLOCK in _kernels.h).
 BLOCK_SIZE = 512
 
+#: Without sampling controls, a row's weights are shifted by the maximum of its first
+#: block; only when the row's maximum lies more than this (in units of logit /
+#: temperature) above that shift are they recomputed from the maximum itself.
+SHIFT_LIMIT = 64.0
+
 #: Kernel error codes, shared by both backends.
 NONFINITE_LOGITS = 1
 ALL_MASKED_LOGITS = 2

@@ -25,6 +25,7 @@ from libc.stdlib cimport free, malloc
 from numpy.random cimport bitgen_t
 
 from specdec._common import BLOCK_SIZE, InvalidLogitsError
+from specdec._common import SHIFT_LIMIT as _SHIFT_LIMIT
 
 cdef extern from "_kernels.h" nogil:
     int SD_BLOCK
@@ -35,10 +36,10 @@ cdef extern from "_kernels.h" nogil:
     Py_ssize_t sd_first_index_f64(const double *x, Py_ssize_t n, double value)
     double sd_expsum_f32(const float *x, Py_ssize_t n, double m, double inv_t,
                          double tau, double zmin, double *blocks, float *weights,
-                         const float *prefetch)
+                         const float *prefetch, double *max_out, int *bad_out)
     double sd_expsum_f64(const double *x, Py_ssize_t n, double m, double inv_t,
                          double tau, double zmin, double *blocks, double *weights,
-                         const double *prefetch)
+                         const double *prefetch, double *max_out, int *bad_out)
     Py_ssize_t sd_pick_f32(const float *x, Py_ssize_t n, double m, double inv_t, double tau,
                            double zmin, const double *blocks, double target)
     Py_ssize_t sd_pick_f64(const double *x, Py_ssize_t n, double m, double inv_t, double tau,
@@ -80,6 +81,10 @@ cdef enum:
     NONFINITE_LOGITS = 1
     ALL_MASKED_LOGITS = 2
     EMPTY_LAW = 3
+
+# Above this many scaled units between a row's maximum and the provisional shift, the
+# weights are recomputed from the maximum (e^64 < float's largest / V).
+cdef double SHIFT_LIMIT = _SHIFT_LIMIT
 
 ctypedef fused real:
     float
@@ -149,11 +154,14 @@ cdef inline Py_ssize_t first_index(const real *x, Py_ssize_t n, double value) no
         return sd_first_index_f64(x, n, value)
 
 cdef inline double expsum(const real *x, Py_ssize_t n, const double *law, double inv_t,
-                          double *blocks, real *weights, const real *prefetch=NULL) noexcept nogil:
+                          double *blocks, real *weights, const real *prefetch=NULL,
+                          double *max_out=NULL, int *bad_out=NULL) noexcept nogil:
     if real is float:
-        return sd_expsum_f32(x, n, law[0], inv_t, law[1], law[2], blocks, weights, prefetch)
+        return sd_expsum_f32(x, n, law[0], inv_t, law[1], law[2], blocks, weights, prefetch,
+                             max_out, bad_out)
     else:
-        return sd_expsum_f64(x, n, law[0], inv_t, law[1], law[2], blocks, weights, prefetch)
+        return sd_expsum_f64(x, n, law[0], inv_t, law[1], law[2], blocks, weights, prefetch,
+                             max_out, bad_out)
 
 cdef inline Py_ssize_t pick(const real *x, Py_ssize_t n, const double *law, double inv_t,
                             const double *blocks, double target) noexcept nogil:
@@ -204,7 +212,28 @@ cdef int row_law(const real *x, Py_ssize_t n, const Controls *c, Workspace work,
     scaled logit.
     """
     cdef int bad = 0
-    cdef double m = row_max(x, n, &bad)
+    cdef double m, shift
+    if c.top_k <= 0 or c.top_k >= n:
+        if c.top_p >= 1.0 and c.zmin == -INFINITY:
+            # No control needs the maximum before the weights: shift by the first
+            # block's maximum instead, and find the row's own during the exp pass
+            # (one pass over memory instead of two).  Any shift gives the same law;
+            # only if the row's maximum lies more than SHIFT_LIMIT (scaled) above it,
+            # where float weights could overflow, is the pass redone with the maximum.
+            shift = row_max(x, n if n < SD_BLOCK else SD_BLOCK, &bad)
+            if not bad and shift > -INFINITY:
+                law[0] = shift
+                law[1] = -INFINITY
+                law[2] = -INFINITY
+                law[3] = expsum(x, n, law, c.inv_t, work.blocks, weights, next_row, &m, &bad)
+                if bad:
+                    return NONFINITE_LOGITS
+                if (m - shift) * c.inv_t > SHIFT_LIMIT:
+                    law[0] = m
+                    law[3] = expsum(x, n, law, c.inv_t, work.blocks, weights, next_row)
+                return 0 if law[3] > 0.0 else EMPTY_LAW
+            bad = 0
+    m = row_max(x, n, &bad)
     if bad:
         return NONFINITE_LOGITS
     if m == -INFINITY:

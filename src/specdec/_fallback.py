@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from specdec._common import (ALL_MASKED_LOGITS, EMPTY_LAW, NONFINITE_LOGITS,
-                              InvalidLogitsError)
+from specdec._common import (ALL_MASKED_LOGITS, BLOCK_SIZE, EMPTY_LAW, NONFINITE_LOGITS,
+                              SHIFT_LIMIT, InvalidLogitsError)
 
 
 class Workspace:
@@ -122,9 +122,24 @@ def _top_p_threshold(x: np.ndarray, w: np.ndarray, top_p: float) -> float:
 
 def _row_law(row: np.ndarray, index: int, inv_t: float, top_k: int, top_p: float,
              min_p: float):
-    """(law, w): the row's law [m, tau, zmin, Z] and its weights in float64."""
-    m = _row_max(row, index)
+    """(law, w): the row's law [m, tau, zmin, Z] and its weights in float64.
+
+    Without controls, m is the shift row_law in _core.pyx uses: the first block's
+    maximum, unless the row's maximum lies more than SHIFT_LIMIT above it."""
     n = len(row)
+    if not 0 < top_k < n and top_p >= 1.0 and min_p <= 0.0:
+        shift = float(row[:BLOCK_SIZE].max())
+        if -math.inf < shift < math.inf:
+            m = _row_max(row, index)
+            if (m - shift) * inv_t > SHIFT_LIMIT:
+                shift = m
+            law = [shift, -math.inf, -math.inf, 0.0]
+            w = _weights(row, law, inv_t).astype(np.float64)
+            law[3] = float(w.sum())
+            if not law[3] > 0.0:
+                raise InvalidLogitsError(index, EMPTY_LAW)
+            return law, w
+    m = _row_max(row, index)
     tau = -math.inf
     if 0 < top_k < n:
         tau = float(np.partition(row, n - top_k)[n - top_k])

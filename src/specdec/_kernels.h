@@ -61,6 +61,11 @@
  * sums and rescans only that block, so no V-sized CDF is ever stored. */
 #define SD_BLOCK 512
 
+/* How many blocks ahead a first pass over a row requests memory. */
+#ifndef SD_PREFETCH_BLOCKS
+#define SD_PREFETCH_BLOCKS 4
+#endif
+
 /* exp(z) for SD_EXP_LOWEST_* <= z <= 0, in the precision of the logits, branch-free
  * so that loops vectorise.  Cody-Waite reduction z = n ln2 + r, |r| <= ln2/2, then a
  * polynomial (Cephes' expf for float, the degree-12 Taylor series for double), then

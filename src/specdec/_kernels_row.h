@@ -47,16 +47,46 @@ SD_CLONES static ptrdiff_t SD_SUFFIX(sd_first_index)(const SD_T *x, ptrdiff_t n,
  * stores every weight there (verify reuses them for the residual law).  When
  * `prefetch` is not NULL, it is the next row to be read: this pass is bound by
  * arithmetic, so it asks for that row meanwhile, and the next row's first pass
- * (its maximum) then reads from cache instead of waiting on memory. */
+ * then reads from cache instead of waiting on memory.  When `max_out` is not NULL,
+ * also returns the row's maximum there, and in *bad_out whether it holds NaN or +inf
+ * (then `m` is a provisional shift, see row_law in _core.pyx). */
 SD_CLONES static double SD_SUFFIX(sd_expsum)(const SD_T *x, ptrdiff_t n, double m, double inv_t,
                                              double tau, double zmin, double *blocks,
-                                             SD_T *weights, const SD_T *prefetch)
+                                             SD_T *weights, const SD_T *prefetch,
+                                             double *max_out, int *bad_out)
 {
     const SD_T mt = (SD_T)m, it = (SD_T)inv_t, taut = (SD_T)tau, zt = SD_SUFFIX(sd_zlow)(zmin);
     double total = 0.0;
+    SD_T running_max = -INFINITY;
+    int nan_seen = 0;
     ptrdiff_t b = 0;
     for (ptrdiff_t start = 0; start < n; start += SD_BLOCK, b++) {
         ptrdiff_t end = start + SD_BLOCK < n ? start + SD_BLOCK : n;
+        if (max_out) {
+            /* The row's maximum and NaN check, a block at a time: when `m` is only a
+             * provisional shift, this first touch of each block overlaps with the
+             * arithmetic instead of streaming the whole row in a pass of its own;
+             * blocks further on are requested ahead. */
+            ptrdiff_t ahead = start + SD_PREFETCH_BLOCKS * SD_BLOCK;
+            if (ahead < n) {
+                ptrdiff_t ahead_end = ahead + SD_BLOCK < n ? ahead + SD_BLOCK : n;
+                const char *line = (const char *)(x + ahead);
+                const char *stop = (const char *)(x + ahead_end);
+                for (; line < stop; line += 64) SD_PREFETCH(line);
+            }
+            SD_T block_max = -INFINITY;
+            int block_nan = 0;
+#if !defined(_MSC_VER)
+#pragma omp simd reduction(max : block_max) reduction(| : block_nan)
+#endif
+            for (ptrdiff_t i = start; i < end; i++) {
+                SD_T v = x[i];
+                block_max = v > block_max ? v : block_max;
+                block_nan |= (v != v);
+            }
+            running_max = block_max > running_max ? block_max : running_max;
+            nan_seen |= block_nan;
+        }
         /* Two simple loops vectorise where one fused loop does not (GCC gives up on
          * a widening float-to-double reduction around the exp). */
         if (prefetch) {
@@ -74,6 +104,10 @@ SD_CLONES static double SD_SUFFIX(sd_expsum)(const SD_T *x, ptrdiff_t n, double 
         for (ptrdiff_t j = 0; j < end - start; j++) s += (double)w[j];
         if (blocks) blocks[b] = s;
         total += s;
+    }
+    if (max_out) {
+        *max_out = (double)running_max;
+        *bad_out = nan_seen | (running_max == (SD_T)INFINITY);
     }
     return total;
 }
