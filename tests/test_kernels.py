@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from specdec._backend import available_backends, kernels_for
 from specdec._common import (ALL_MASKED_LOGITS, NONFINITE_LOGITS, SHIFT_LIMIT,
                              InvalidLogitsError)
-from toymodels import ContextModel
+from toymodels import ContextModel, same_state
 
 # derandomize: CI runs the same examples every time (a deep run can set
 # SPECDEC_HYPOTHESIS_RANDOM=1 to explore new ones).
@@ -55,14 +55,6 @@ def twin_of(kernels):
     if "cython" not in available_backends():
         return None
     return kernels_for("python" if kernels.__name__.endswith("_core") else "cython")
-
-
-def same_state(a, b):
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
-    if isinstance(a, np.ndarray):
-        return np.array_equal(a, b)
-    return a == b
 
 
 # --- an independent oracle of the support -----------------------------------------------------

@@ -23,7 +23,7 @@ import pytest
 
 from specdec import SpeculativeDecoder, sample
 from specdec._backend import available_backends
-from toymodels import ContextModel
+from toymodels import ContextModel, same_state
 
 pytestmark = pytest.mark.skipif(
     "cython" not in available_backends(),
@@ -205,15 +205,6 @@ def random_row(rng, vocab, dtype):
 VOCABS = [1, 2, 3, 10, 511, 512, 513, 1025, 3000]
 BIT_GENERATORS = [np.random.PCG64, np.random.PCG64DXSM, np.random.MT19937, np.random.Philox,
                   np.random.SFC64]
-
-
-def same_state(a, b):
-    """Equal bit-generator states (MT19937's holds an array)."""
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
-    if isinstance(a, np.ndarray):
-        return np.array_equal(a, b)
-    return a == b
 
 
 def twin_generators(seed, bit_generator=np.random.PCG64):

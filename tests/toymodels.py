@@ -261,3 +261,12 @@ def pooled_chisquare(outcomes, law, min_expected=5.0):
 def new_tokens(ids, prompt, n_tokens):
     """The first ``n_tokens`` new tokens of a generated ``ids`` list, as a tuple."""
     return tuple(int(t) for t in ids[len(prompt):len(prompt) + n_tokens])
+
+
+def same_state(a, b):
+    """Equal bit-generator states (MT19937's holds an array)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    return a == b
