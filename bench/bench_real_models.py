@@ -105,17 +105,25 @@ def _mean(values):
     return float(np.mean(values)) if values else float("nan")
 
 
-@pytest.mark.benchmark(group="smollm2-decoder-overhead")
-def test_specdec_decoder_overhead(benchmark, draft, target, prompt):
-    decoder = specdec.SpeculativeDecoder(gamma=GAMMA, temperature=1.0, seed=0)
+def _timed_rounds(benchmark, call, setup):
+    """Benchmark ``call`` for ROUNDS rounds; returns [(wall seconds, call's result)]."""
     runs = []
 
     def run():
         t0 = time.perf_counter()
-        ids, stats = decoder.generate(draft, target, prompt, max_new_tokens=N_NEW)
-        runs.append((time.perf_counter() - t0, stats))
+        result = call()
+        runs.append((time.perf_counter() - t0, result))
 
-    benchmark.pedantic(run, setup=lambda: _reset(draft, target), rounds=ROUNDS, iterations=1)
+    benchmark.pedantic(run, setup=setup, rounds=ROUNDS, iterations=1)
+    return runs
+
+
+@pytest.mark.benchmark(group="smollm2-decoder-overhead")
+def test_specdec_decoder_overhead(benchmark, draft, target, prompt):
+    decoder = specdec.SpeculativeDecoder(gamma=GAMMA, temperature=1.0, seed=0)
+    runs = _timed_rounds(
+        benchmark, lambda: decoder.generate(draft, target, prompt, max_new_tokens=N_NEW)[1],
+        setup=lambda: _reset(draft, target))
     per_token = [stats.decoder_time / stats.total_tokens_generated for _, stats in runs]
     benchmark.extra_info.update(
         tokens=N_NEW,
@@ -160,14 +168,10 @@ def test_reference_decoder_overhead(benchmark, draft, target, prompt, reference_
 
 @pytest.mark.benchmark(group="smollm2-wall-per-token")
 def test_sample_wall_per_token(benchmark, target, prompt):
-    runs = []
-
-    def run():
-        t0 = time.perf_counter()
-        ids, stats = specdec.sample(target, prompt, N_NEW, temperature=1.0, seed=0)
-        runs.append((time.perf_counter() - t0, len(ids) - len(prompt)))
-
-    benchmark.pedantic(run, setup=lambda: _reset(target), rounds=ROUNDS, iterations=1)
+    runs = _timed_rounds(
+        benchmark,
+        lambda: len(specdec.sample(target, prompt, N_NEW, temperature=1.0, seed=0)[0]) - len(prompt),
+        setup=lambda: _reset(target))
     benchmark.extra_info.update(
         tokens=N_NEW,
         wall_per_token_ms=_mean([wall / n for wall, n in runs]) * 1e3,
@@ -178,14 +182,9 @@ def test_sample_wall_per_token(benchmark, target, prompt):
 @pytest.mark.benchmark(group="smollm2-wall-per-token")
 def test_speculative_same_model_wall_per_token(benchmark, draft, target, prompt):
     decoder = specdec.SpeculativeDecoder(gamma=GAMMA, temperature=1.0, seed=0)
-    runs = []
-
-    def run():
-        t0 = time.perf_counter()
-        ids, stats = decoder.generate(draft, target, prompt, max_new_tokens=N_NEW)
-        runs.append((time.perf_counter() - t0, stats))
-
-    benchmark.pedantic(run, setup=lambda: _reset(draft, target), rounds=ROUNDS, iterations=1)
+    runs = _timed_rounds(
+        benchmark, lambda: decoder.generate(draft, target, prompt, max_new_tokens=N_NEW)[1],
+        setup=lambda: _reset(draft, target))
     benchmark.extra_info.update(
         tokens=N_NEW,
         gamma=GAMMA,
