@@ -55,6 +55,8 @@ BAD_INIT = [
     ({"gamma": 0}, ValueError), ({"gamma": -3}, ValueError),
     ({"gamma": 2.0}, TypeError), ({"gamma": True}, TypeError), ({"gamma": "4"}, TypeError),
     ({"gamma": None}, TypeError), ({"gamma": np.float64(2)}, TypeError),
+    ({"gamma": 1e8}, TypeError), ({"gamma": 10**8}, ValueError), ({"gamma": 2**62}, ValueError),
+    ({"gamma": 2**63}, ValueError), ({"gamma": 2**64 + 1}, ValueError),
     ({"temperature": -0.5}, ValueError), ({"temperature": float("nan")}, ValueError),
     ({"temperature": float("inf")}, ValueError), ({"temperature": -float("inf")}, ValueError),
     ({"temperature": np.float32("nan")}, ValueError), ({"temperature": 1e-320}, ValueError),
@@ -115,7 +117,10 @@ BAD_GENERATE = [
     ({"prompt_ids": np.array([3, -7])}, ValueError, "prompt_ids"),
     ({"prompt_ids": [1.0, 2.0]}, TypeError, "prompt_ids"),
     ({"prompt_ids": np.array([1.5])}, TypeError, "prompt_ids"),
-    ({"prompt_ids": [[1, 2]]}, ValueError, "prompt_ids"),
+    ({"prompt_ids": [[1, 2], [3, 4]]}, ValueError, "prompt_ids"),
+    ({"prompt_ids": np.zeros((1, 2, 1), dtype=np.int64)}, ValueError, "prompt_ids"),
+    ({"prompt_ids": [1, True]}, TypeError, "prompt_ids"),
+    ({"prompt_ids": [[2, np.True_]]}, TypeError, "prompt_ids"),
     ({"prompt_ids": np.zeros((2, 2), dtype=np.int64)}, ValueError, "prompt_ids"),
     ({"prompt_ids": np.array(3)}, ValueError, "prompt_ids"),
     ({"prompt_ids": "abc"}, TypeError, "prompt_ids"),
@@ -190,6 +195,47 @@ def test_model_that_is_neither_forward_nor_callable(backend, bad, which):
     if which == "target_model":
         with pytest.raises(TypeError, match="target_model"):
             sample(bad, [1], 3, backend=backend)
+
+
+def test_prompt_of_shape_1_by_l_is_a_batch_of_one(backend):
+    """Tokenizers return (1, L): accepted, with the same result as (L,)."""
+    flat = SpeculativeDecoder(2, backend=backend).generate(*models(), [1, 2, 3], 6, rng=4)
+    batch = SpeculativeDecoder(2, backend=backend).generate(*models(), np.array([[1, 2, 3]]), 6,
+                                                            rng=4)
+    assert batch[0] == flat[0] and batch[0][:3] == [1, 2, 3]
+
+
+def _raw_model(module: str, name: str):
+    """An instance of a class that claims to live in ``module`` (a stand-in for a
+    transformers or llama_cpp class, which these tests need not import)."""
+    cls = type(name, (), {"__module__": module, "forward": lambda self, ids: None,
+                          "__call__": lambda self, ids: None})
+    return cls()
+
+
+@pytest.mark.parametrize("module, name, adapter", [
+    ("transformers.models.gpt2.modeling_gpt2", "GPT2LMHeadModel", "TransformersModel"),
+    ("llama_cpp.llama", "Llama", "LlamaCppModel"),
+])
+@pytest.mark.parametrize("which", ["draft_model", "target_model"])
+def test_raw_real_model_names_its_adapter(backend, module, name, adapter, which):
+    good = Model()
+    pair = {"draft_model": good, "target_model": good, which: _raw_model(module, name)}
+    with pytest.raises(TypeError, match=f"{which}.*specdec.models.{adapter}"):
+        SpeculativeDecoder(2, backend=backend).generate(pair["draft_model"],
+                                                        pair["target_model"], [1], 3, rng=0)
+    assert good.calls == 0
+
+
+@pytest.mark.parametrize("which", ["draft_model", "target_model"])
+def test_model_class_instead_of_instance(backend, which):
+    good = Model()
+    pair = {"draft_model": good, "target_model": good, which: Model}
+    with pytest.raises(TypeError, match=f"{which} is the class Model.*instance"):
+        SpeculativeDecoder(2, backend=backend).generate(pair["draft_model"],
+                                                        pair["target_model"], [1], 3, rng=0)
+    with pytest.raises(TypeError, match="target_model is the class"):
+        sample(Model, [1], 3, backend=backend)
 
 
 def test_non_callable_forward_attribute(backend):

@@ -24,6 +24,21 @@ def _accepts_logits_to_keep(fn) -> bool:
     )
 
 
+def _adapter_for(model) -> str | None:
+    """The specdec adapter a known raw model needs, or None.
+
+    A ``transformers`` model returns a ``ModelOutput`` of torch tensors, and a
+    ``llama_cpp.Llama`` has no ``forward``: both need an adapter that keeps their
+    cache and returns NumPy logits.
+    """
+    modules = [getattr(cls, "__module__", "") or "" for cls in type(model).__mro__]
+    if any(module.split(".")[0] == "llama_cpp" for module in modules):
+        return "LlamaCppModel"
+    if any(module.split(".")[0] == "transformers" for module in modules):
+        return "TransformersModel"
+    return None
+
+
 class ModelCaller:
     """One model of a run: validates its output and times its calls.
 
@@ -44,6 +59,18 @@ class ModelCaller:
     __slots__ = ("name", "_fn", "keeps_rows", "elapsed", "calls", "vocab_size", "dtype")
 
     def __init__(self, model, name: str):
+        if isinstance(model, type):
+            raise TypeError(
+                f"{name} is the class {model.__name__}, not a model: pass an instance, "
+                f"{model.__name__}(...)"
+            )
+        adapter = _adapter_for(model)
+        if adapter is not None:
+            raise TypeError(
+                f"{name} is a {type(model).__module__}.{type(model).__name__}; wrap it in "
+                f"specdec.models.{adapter}(model) to give specdec NumPy logits and a "
+                "prefix-reusing cache"
+            )
         forward = getattr(model, "forward", None)
         if callable(forward):
             fn = forward

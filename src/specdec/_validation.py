@@ -18,12 +18,19 @@ def _is_real(value) -> bool:
     return isinstance(value, (numbers.Real, np.floating, np.integer)) and not isinstance(value, bool)
 
 
-def check_gamma(gamma) -> int:
-    """Number of draft tokens per step: an int >= 1."""
+#: The largest draft length accepted.  Far beyond any useful draft (the cost of a
+#: target pass grows with its length), and small enough that the per-step buffers,
+#: (gamma, V) draft weights, stay allocatable.
+MAX_GAMMA = 1024
+
+
+def check_gamma(gamma, name: str = "gamma") -> int:
+    """Number of draft tokens per step: an int in [1, MAX_GAMMA]."""
     if not _is_int(gamma):
-        raise TypeError(f"gamma must be an int >= 1, got {type(gamma).__name__} {gamma!r}")
-    if gamma < 1:
-        raise ValueError(f"gamma must be an int >= 1, got {gamma}")
+        raise TypeError(
+            f"{name} must be an int in [1, {MAX_GAMMA}], got {type(gamma).__name__} {gamma!r}")
+    if not 1 <= gamma <= MAX_GAMMA:
+        raise ValueError(f"{name} must be an int in [1, {MAX_GAMMA}], got {gamma}")
     return int(gamma)
 
 
@@ -39,15 +46,23 @@ def check_max_new_tokens(max_new_tokens) -> int:
 
 
 def check_prompt(prompt_ids) -> np.ndarray:
-    """The prompt as a fresh int64 array: non-empty, one-dimensional, ids in [0, 2**63)."""
+    """The prompt as a fresh int64 array: non-empty, ids in [0, 2**63).
+
+    One-dimensional, or of shape (1, L) as tokenizers return a batch of one.
+    """
     if isinstance(prompt_ids, (str, bytes)):
         raise TypeError("prompt_ids must be a sequence of int token ids, not a string")
+    if _holds_bool(prompt_ids):  # np.asarray would turn [1, True] into [1, 1]
+        raise TypeError("prompt_ids must hold int token ids, got a bool")
     try:
         array = np.asarray(prompt_ids)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"prompt_ids must be a sequence of int token ids ({exc})") from None
+    if array.ndim == 2 and array.shape[0] == 1:
+        array = array[0]  # a batch of one, as tokenizers return it
     if array.ndim != 1:
-        raise ValueError(f"prompt_ids must be one-dimensional, got shape {array.shape}")
+        raise ValueError(
+            f"prompt_ids must have shape (L,) or (1, L), got shape {array.shape}")
     if array.size == 0:
         raise ValueError(
             "prompt_ids is empty: the first new token needs the logits of a prompt token"
@@ -62,6 +77,13 @@ def check_prompt(prompt_ids) -> np.ndarray:
     if high > np.iinfo(np.int64).max:
         raise ValueError(f"prompt_ids holds token id {high}, beyond any vocabulary")
     return array.astype(np.int64)
+
+
+def _holds_bool(value) -> bool:
+    """Whether a (nested) list or tuple holds a bool anywhere."""
+    if isinstance(value, (list, tuple)):
+        return any(_holds_bool(item) for item in value)
+    return isinstance(value, (bool, np.bool_))
 
 
 def check_eos(eos_token_id) -> int | None:
