@@ -391,6 +391,10 @@ def test_models_get_read_only_int64_ids(backend):
                 ids[0, 0] = 1
             with pytest.raises(ValueError):
                 ids[0, -1] += 1
+            with pytest.raises(ValueError):  # and cannot be made writable again
+                ids.flags.writeable = True
+            with pytest.raises(ValueError):
+                ids.base.flags.writeable = True
             seen.append((self.name, ids.tolist()[0]))
             return self.model.forward(ids)
 

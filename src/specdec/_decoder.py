@@ -110,9 +110,10 @@ class _Run:
         tokens = np.empty(capacity, dtype=np.int64)
         tokens[: self.length] = self.tokens[: self.length]
         self.tokens = tokens
-        view = tokens.view()
-        view.flags.writeable = False  # models see the sequence but cannot change it
-        self.ids = view[np.newaxis, :]
+        # Models see the sequence but cannot change it: the view's base is a read-only
+        # buffer, so not even ``ids.flags.writeable = True`` makes it writable (no copy).
+        readonly = np.frombuffer(memoryview(tokens).toreadonly(), dtype=np.int64)
+        self.ids = readonly[np.newaxis, :]
 
     def result(self, stats: SpeculativeDecodingStats, *callers: ModelCaller):
         elapsed = time.perf_counter() - self.started
