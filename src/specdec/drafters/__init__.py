@@ -1,0 +1,16 @@
+"""Drafters that cost nothing: proposals from the sequence itself or from token statistics.
+
+A drafter guesses the next tokens; the target model verifies them with exact
+speculative sampling, so the output law is the target's whatever the guesses are.
+These drafters share the target's vocabulary (they work on its token ids) and run
+no model at all.
+
+* :class:`Drafter`: the interface, for bringing your own drafter.
+* :class:`PromptLookup`: copy what followed the latest earlier occurrence of the
+  sequence's last n-gram (Hugging Face's ``prompt_lookup_num_tokens``).
+"""
+
+from specdec.drafters.base import Drafter
+from specdec.drafters.lookup import PromptLookup
+
+__all__ = ["Drafter", "PromptLookup"]

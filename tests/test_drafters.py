@@ -1,0 +1,289 @@
+"""Tests of the drafters in specdec.drafters (pure Python: no backend fixture needed).
+
+Each matching test is built so that the answer a wrong preference (a shorter n-gram,
+an older occurrence) or an off-by-one would give differs from the right one.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specdec.drafters import Drafter, PromptLookup
+
+
+def _ids(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
+def _propose(drafter, values, max_tokens=16) -> list[int]:
+    out = drafter.propose(_ids(values), max_tokens)
+    assert isinstance(out, np.ndarray) and out.dtype == np.int64 and out.ndim == 1
+    assert out.size <= max_tokens
+    return out.tolist()
+
+
+def lookup_oracle(tokens, num_tokens, max_ngram_size, min_ngram_size, max_tokens):
+    """The specification of PromptLookup, by brute force: (proposal, match size)."""
+    tokens = list(tokens)
+    length = len(tokens)
+    if max_tokens == 0:
+        return [], 0
+    for n in range(min(max_ngram_size, length - 1), min_ngram_size - 1, -1):
+        gram = tokens[length - n:]
+        for start in range(length - n - 1, -1, -1):  # latest first, not the trailing one
+            if tokens[start:start + n] == gram:
+                begin = start + n
+                return tokens[begin:begin + min(num_tokens, max_tokens)], n
+    return [], 0
+
+
+# -- the interface --------------------------------------------------------------------
+
+
+def test_drafter_is_abstract_and_defaults_are_no_ops():
+    with pytest.raises(TypeError):
+        Drafter()  # propose is abstract
+
+    class Last(Drafter):
+        def propose(self, tokens, max_tokens):
+            return np.asarray(tokens[-1:][:max_tokens], dtype=np.int64)
+
+    drafter = Last()
+    assert drafter.start(_ids([1, 2])) is None
+    assert drafter.extend(_ids([1, 2, 3]), 1) is None
+    assert _propose(drafter, [1, 2, 3]) == [3]
+    assert isinstance(PromptLookup(), Drafter)
+
+
+# -- PromptLookup: matching -----------------------------------------------------------
+
+# The trailing 3-gram (1, 2, 3) occurs at 0 (followed by 10 11 5 2); the trailing
+# 2-gram (2, 3) last occurs at 6 (followed by 30 31 3 20); the trailing 1-gram (3,)
+# last occurs at 10 (followed by 20 21 1 2).  Each preference gives another answer.
+LAYERED = [1, 2, 3, 10, 11, 5, 2, 3, 30, 31, 3, 20, 21, 1, 2, 3]
+
+
+@pytest.mark.parametrize(("max_ngram_size", "expected", "size"), [
+    (3, [10, 11, 5, 2], 3),
+    (2, [30, 31, 3, 20], 2),
+    (1, [20, 21, 1, 2], 1),
+    (5, [10, 11, 5, 2], 3),  # longer n-grams do not recur: the 3-gram still wins
+])
+def test_lookup_prefers_the_longest_ngram(max_ngram_size, expected, size):
+    drafter = PromptLookup(num_tokens=4, max_ngram_size=max_ngram_size)
+    assert _propose(drafter, LAYERED) == expected
+    assert drafter.last_match_size == size
+    assert lookup_oracle(LAYERED, 4, max_ngram_size, 1, 16) == (expected, size)
+
+
+def test_lookup_takes_the_most_recent_occurrence():
+    # (4, 5) occurs at 0 (followed by 6) and at 4 (followed by 7); an off-by-one in
+    # the copy would start at 5 or 9 instead of 7.
+    tokens = [4, 5, 6, 9, 4, 5, 7, 9, 4, 5]
+    drafter = PromptLookup(num_tokens=3, max_ngram_size=2)
+    assert _propose(drafter, tokens) == [7, 9, 4]
+    assert drafter.last_match_size == 2
+    assert drafter.last_match_position == 4
+
+
+def test_lookup_min_ngram_size_refuses_short_matches():
+    tokens = [8, 1, 2, 9, 3, 1]  # only the 1-gram (1,) recurs
+    assert _propose(PromptLookup(max_ngram_size=3, min_ngram_size=1), tokens) == [2, 9, 3, 1]
+    drafter = PromptLookup(max_ngram_size=3, min_ngram_size=2)
+    assert _propose(drafter, tokens) == []
+    assert drafter.last_match_size == 0
+    assert drafter.last_match_position == -1
+
+
+def test_lookup_never_runs_past_the_end():
+    # The match's continuation reaches the end of the sequence: only 2 tokens back it.
+    assert _propose(PromptLookup(num_tokens=10), [1, 2, 1, 2, 1]) == [2, 1]
+    # Overlapping occurrences: (5, 5, 5) at 0 is followed by a single token.
+    drafter = PromptLookup(num_tokens=10)
+    assert _propose(drafter, [5, 5, 5, 5]) == [5]
+    assert drafter.last_match_size == 3
+
+
+@pytest.mark.parametrize(("tokens", "min_ngram_size", "expected"), [
+    ([], 1, []),
+    ([3], 1, []),           # no earlier position at all
+    ([3, 4], 1, []),        # nothing recurs
+    ([3, 3], 1, [3]),
+    ([3, 3], 2, []),        # a 2-gram needs an earlier start: length >= 3
+    ([3, 3, 3], 2, [3]),
+])
+def test_lookup_empty_and_short_contexts(tokens, min_ngram_size, expected):
+    drafter = PromptLookup(max_ngram_size=3, min_ngram_size=min_ngram_size)
+    drafter.start(_ids(tokens))
+    assert _propose(drafter, tokens) == expected
+    assert _propose(PromptLookup(max_ngram_size=3, min_ngram_size=min_ngram_size),
+                    tokens) == expected
+
+
+def test_lookup_limits():
+    tokens = [1, 2, 3, 4, 5, 6, 7, 1, 2]
+    assert _propose(PromptLookup(num_tokens=10), tokens, max_tokens=3) == [3, 4, 5]
+    assert _propose(PromptLookup(num_tokens=2), tokens, max_tokens=8) == [3, 4]
+    drafter = PromptLookup()
+    assert _propose(drafter, tokens, max_tokens=0) == []
+    assert drafter.last_match_size == 0
+    assert _propose(drafter, tokens, max_tokens=1) == [3]
+
+
+def test_lookup_returns_a_copy():
+    drafter = PromptLookup()
+    tokens = [1, 2, 3, 1, 2]
+    drafter.start(_ids(tokens[:3]))
+    drafter.extend(_ids(tokens), 2)
+    first = drafter.propose(_ids(tokens), 4)
+    first[:] = -1
+    assert _propose(drafter, tokens) == [3, 1, 2]
+
+
+# -- PromptLookup: the incremental index ----------------------------------------------
+
+
+def _decode(drafter, sequence, prompt_length, rng, options, check_fresh=False):
+    """Drive *drafter* as the decoder does over *sequence* (the "target's" output).
+
+    Each step keeps the prefix of the proposal that agrees with *sequence*, then the
+    target's token: the rejected drafts are never shown to ``extend``.  Every
+    proposal is compared with the oracle.
+    """
+    drafter.start(_ids(sequence[:prompt_length]))
+    length = prompt_length
+    while length < len(sequence):
+        tokens = _ids(sequence[:length])
+        max_tokens = rng.randrange(0, 6)
+        proposal = drafter.propose(tokens, max_tokens).tolist()
+        assert (proposal, drafter.last_match_size) == lookup_oracle(
+            sequence[:length], max_tokens=max_tokens, **options)
+        if check_fresh:
+            assert _propose(PromptLookup(**options), sequence[:length], max_tokens) == proposal
+        kept = 0
+        while kept < len(proposal) and length + kept < len(sequence) \
+                and proposal[kept] == sequence[length + kept]:
+            kept += 1
+        n_new = min(kept + 1, len(sequence) - length)
+        length += n_new
+        drafter.extend(_ids(sequence[:length]), n_new)
+    return drafter
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_lookup_incremental_index_equals_the_scan(seed):
+    rng = random.Random(seed)
+    alphabet = rng.choice([2, 3, 5, 12])
+    # Text with repeats: random tokens and copies of earlier spans.
+    sequence = [rng.randrange(alphabet) for _ in range(5)]
+    while len(sequence) < 160:
+        if rng.random() < 0.5:
+            start = rng.randrange(len(sequence))
+            sequence += sequence[start:start + rng.randrange(1, 9)]
+        else:
+            sequence.append(rng.randrange(alphabet))
+    max_ngram_size = rng.randrange(1, 5)
+    options = dict(num_tokens=rng.randrange(1, 8), max_ngram_size=max_ngram_size,
+                   min_ngram_size=rng.randrange(1, max_ngram_size + 1))
+    drafter = _decode(PromptLookup(**options), sequence, rng.randrange(0, 20), rng, options,
+                      check_fresh=seed < 3)
+    # The index built step by step is the one built from scratch.
+    fresh = PromptLookup(**options)
+    fresh.start(_ids(sequence))
+    assert drafter._index == fresh._index
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=30), st.integers(1, 5), st.integers(1, 4),
+       st.integers(0, 3), st.integers(0, 8))
+def test_lookup_matches_the_oracle(tokens, num_tokens, max_ngram_size, min_offset, max_tokens):
+    min_ngram_size = max(1, max_ngram_size - min_offset)
+    drafter = PromptLookup(num_tokens, max_ngram_size, min_ngram_size)
+    expected = lookup_oracle(tokens, num_tokens, max_ngram_size, min_ngram_size, max_tokens)
+    assert (_propose(drafter, tokens, max_tokens), drafter.last_match_size) == expected
+
+
+def test_lookup_extend_after_rejected_drafts():
+    drafter = PromptLookup(num_tokens=4)
+    tokens = [1, 2, 3, 4, 1, 2]
+    drafter.start(_ids(tokens))
+    assert _propose(drafter, tokens) == [3, 4, 1, 2]
+    # The target keeps 3, rejects 4 and emits 7: the decoder shows [3, 7] only.
+    tokens += [3, 7]
+    drafter.extend(_ids(tokens), 2)
+    assert _propose(drafter, tokens) == []  # (7,) is new: nothing to copy
+    tokens += [1]
+    drafter.extend(_ids(tokens), 1)
+    # (2, 3, 7, 1) follows the latest "1", at 4: the rejected 4 is nowhere.
+    assert _propose(drafter, tokens) == [2, 3, 7, 1]
+    tokens += [2, 3]
+    drafter.extend(_ids(tokens), 2)
+    # (1, 2, 3) last occurred at 4, followed by 7 (and not at 0, followed by 4).
+    assert _propose(drafter, tokens) == [7, 1, 2, 3]
+    assert drafter.last_match_size == 3
+
+
+def test_lookup_without_start_or_on_another_sequence():
+    drafter = PromptLookup(num_tokens=3)
+    # No start: indexed lazily.
+    assert _propose(drafter, [1, 2, 3, 1, 2]) == [3, 1, 2]
+    # Grown without extend: the indexed sequence is a prefix, appended to.
+    assert _propose(drafter, [1, 2, 3, 1, 2, 9, 1, 2]) == [9, 1, 2]
+    # Same length, another tail: re-indexed.
+    assert _propose(drafter, [1, 2, 3, 1, 2, 9, 4, 1]) == [2, 9, 4]
+    # Shorter (rolled back): re-indexed.
+    assert _propose(drafter, [5, 6, 5]) == [6, 5]
+    # A different prefix of a longer sequence: re-indexed, not appended to.
+    assert _propose(drafter, [7, 6, 5, 8, 5]) == [8, 5]
+    # extend() without start() and with an inconsistent count still ends up right.
+    other = PromptLookup(num_tokens=3)
+    other.extend(_ids([4, 4, 1, 4]), 1)
+    assert _propose(other, [4, 4, 1, 4]) == [1, 4]
+    other.extend(_ids([9, 9, 9, 9, 9]), 1)
+    assert _propose(other, [9, 9, 9, 9, 9]) == [9]
+
+
+# -- PromptLookup: validation ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("options", "error", "match"), [
+    ({"num_tokens": 0}, ValueError, "num_tokens must be an int >= 1"),
+    ({"num_tokens": 2.0}, TypeError, "num_tokens must be an int >= 1, got float"),
+    ({"num_tokens": True}, TypeError, "num_tokens must be an int >= 1, got bool"),
+    ({"max_ngram_size": 0}, ValueError, "max_ngram_size must be an int >= 1"),
+    ({"max_ngram_size": "3"}, TypeError, "max_ngram_size must be an int >= 1, got str"),
+    ({"min_ngram_size": 0}, ValueError, "min_ngram_size must be an int >= 1"),
+    ({"min_ngram_size": None}, TypeError, "min_ngram_size must be an int >= 1"),
+    ({"min_ngram_size": 4}, ValueError, r"min_ngram_size must be <= max_ngram_size \(3\)"),
+])
+def test_lookup_refuses_bad_options(options, error, match):
+    with pytest.raises(error, match=match):
+        PromptLookup(**options)
+
+
+def test_lookup_accepts_numpy_ints():
+    drafter = PromptLookup(np.int32(2), np.int64(2), np.uint8(1))
+    assert (drafter.num_tokens, drafter.max_ngram_size, drafter.min_ngram_size) == (2, 2, 1)
+    assert type(drafter.num_tokens) is int
+    assert _propose(drafter, [1, 2, 3, 1, 2], max_tokens=np.int64(5)) == [3, 1]
+
+
+@pytest.mark.parametrize(("call", "error", "match"), [
+    (lambda d: d.propose(_ids([1, 1]), -1), ValueError, "max_tokens must be an int >= 0"),
+    (lambda d: d.propose(_ids([1, 1]), 2.0), TypeError, "max_tokens must be an int >= 0"),
+    (lambda d: d.propose(_ids([1, 1]), True), TypeError, "max_tokens .* got bool"),
+    (lambda d: d.propose(np.ones((2, 2), np.int64), 2), ValueError, "one-dimensional"),
+    (lambda d: d.propose(np.ones(3), 2), TypeError, "int token ids"),
+    (lambda d: d.start(np.ones((1, 2), np.int64)), ValueError, "prompt must be one-dim"),
+    (lambda d: d.extend(_ids([1, 2]), 3), ValueError, r"n_new must lie in \[0, len"),
+    (lambda d: d.extend(_ids([1, 2]), -1), ValueError, "n_new"),
+    (lambda d: d.extend(_ids([1, 2]), 1.0), TypeError, "n_new must be an int"),
+])
+def test_lookup_refuses_bad_calls(call, error, match):
+    with pytest.raises(error, match=match):
+        call(PromptLookup())
