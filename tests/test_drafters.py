@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.drafters import Drafter, PromptLookup
+from specdec import ngram as byte_ngram
+from specdec.drafters import Drafter, NGram, PromptLookup
 
 
 def _ids(values) -> np.ndarray:
@@ -58,6 +59,7 @@ def test_drafter_is_abstract_and_defaults_are_no_ops():
     assert drafter.extend(_ids([1, 2, 3]), 1) is None
     assert _propose(drafter, [1, 2, 3]) == [3]
     assert isinstance(PromptLookup(), Drafter)
+    assert isinstance(NGram(), Drafter)
 
 
 # -- PromptLookup: matching -----------------------------------------------------------
@@ -287,3 +289,268 @@ def test_lookup_accepts_numpy_ints():
 def test_lookup_refuses_bad_calls(call, error, match):
     with pytest.raises(error, match=match):
         call(PromptLookup())
+
+
+# -- NGram: proposals ------------------------------------------------------------------
+
+
+def test_ngram_proposes_the_most_frequent_continuation():
+    drafter = NGram(order=3, min_probability=0.5).fit([[1, 2, 3, 4], [1, 2, 3, 5],
+                                                       [1, 2, 3, 4]])
+    # (1, 2) -> 3 always; (2, 3) -> 4 two times in three; (3, 4) never continued.
+    assert _propose(drafter, [9, 1, 2]) == [3, 4]
+    assert drafter.last_probabilities == pytest.approx((1.0, 2 / 3))
+    assert drafter.last_match_size == 2
+    # Frequency, not recency: 7 followed (5, 6) twice, 8 once and last.
+    drafter = NGram(order=3, min_probability=0).fit([[5, 6, 7], [5, 6, 7], [5, 6, 8]])
+    assert _propose(drafter, [5, 6]) == [7]
+    # A tie goes to the smaller id, whatever the order of the evidence.
+    for data in ([[5, 9], [5, 8]], [[5, 8], [5, 9]]):
+        assert _propose(NGram(order=2, min_probability=0).fit(data), [5]) == [8]
+
+
+def test_ngram_backs_off_from_the_longest_context():
+    # (3,) is followed by 30 most often, (2, 3) by 20, (1, 2, 3) only by 10.
+    data = [[1, 2, 3, 10]] + [[7, 2, 3, 20]] * 2 + [[8, 8, 3, 30]] * 3
+    drafter = NGram(order=4, num_tokens=1, min_probability=0).fit(data)
+    assert _propose(drafter, [1, 2, 3]) == [10]
+    assert drafter.last_match_size == 3
+    assert _propose(drafter, [4, 2, 3]) == [20]
+    assert drafter.last_match_size == 2
+    assert _propose(drafter, [4, 4, 3]) == [30]
+    assert drafter.last_match_size == 1
+    assert _propose(drafter, [3]) == [30]  # a context shorter than order - 1
+    assert _propose(drafter, [4, 4, 4]) == []
+    assert drafter.last_match_size == 0
+    # min_count: (1, 2, 3) was seen once, too rarely; (2, 3) three times.
+    drafter = NGram(order=4, num_tokens=1, min_count=2, min_probability=0).fit(data)
+    assert _propose(drafter, [1, 2, 3]) == [20]
+    assert drafter.last_match_size == 2
+
+
+def test_ngram_stops_on_weak_evidence():
+    # Each step is 0.7 likely: the product is 0.49 after two tokens.
+    data = [[1, 2, 3]] * 7 + [[1, 9]] * 3 + [[2, 9]] * 3
+    assert _propose(NGram(order=2, min_probability=0.5).fit(data), [1]) == [2]
+    drafter = NGram(order=2, min_probability=0.45).fit(data)
+    assert _propose(drafter, [1]) == [2, 3]
+    assert drafter.last_probabilities == pytest.approx((0.7, 0.49))
+    assert _propose(NGram(order=2, min_probability=0.75).fit(data), [1]) == []
+    # min_count: one observation is not enough evidence for min_count=2.
+    drafter = NGram(order=2, min_count=2)
+    assert _propose(drafter.fit([[1, 2]]), [1]) == []
+    assert _propose(drafter.fit([[1, 2]]), [1]) == [2]
+
+
+def test_ngram_limits():
+    drafter = NGram(order=2, num_tokens=3, min_probability=0).fit([list(range(10))])
+    assert _propose(drafter, [0], max_tokens=8) == [1, 2, 3]
+    assert _propose(drafter, [0], max_tokens=2) == [1, 2]
+    assert _propose(drafter, [0], max_tokens=0) == []
+    assert drafter.last_match_size == 0 and drafter.last_probabilities == ()
+    assert _propose(drafter, []) == []
+    assert _propose(NGram(), [1, 2, 3]) == []  # nothing learnt yet
+
+
+def test_ngram_online_updates_change_the_proposal():
+    drafter = NGram(order=3, min_probability=0).fit([[1, 2, 3]])
+    assert _propose(drafter, [1, 2]) == [3]
+    drafter.start(_ids([1, 2, 4, 1, 2, 4]))  # (1, 2) -> 4 twice now
+    assert _propose(drafter, [1, 2], max_tokens=3) == [4, 1, 2]
+    tokens = [1, 2, 4, 1, 2, 4, 7]
+    drafter.extend(_ids(tokens), 1)
+    assert _propose(drafter, [5, 7]) == []  # (7,) has not been followed yet
+    tokens += [8, 7, 8]
+    drafter.extend(_ids(tokens), 3)
+    assert _propose(drafter, [5, 7], max_tokens=3) == [8, 7, 8]
+    # online=False learns nothing from the sequences it serves.
+    frozen = NGram(order=3, min_probability=0, online=False).fit([[1, 2, 3]])
+    frozen.start(_ids([1, 2, 4, 1, 2, 4]))
+    frozen.extend(_ids([1, 2, 4, 1, 2, 4, 1, 2, 4]), 3)
+    assert _propose(frozen, [1, 2]) == [3]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ngram_online_counts_equal_fit(seed):
+    # start + extend over the kept tokens count exactly the n-grams of the sequence:
+    # none spans two sequences, none is counted twice, rejected drafts never count.
+    rng = random.Random(seed)
+    order = rng.randrange(2, 6)
+    sequences = [[rng.randrange(4) for _ in range(rng.randrange(0, 60))] for _ in range(3)]
+    online = NGram(order=order, min_probability=0)
+    for sequence in sequences:
+        prompt = rng.randrange(0, len(sequence) + 1)
+        online.start(_ids(sequence[:prompt]))
+        length = prompt
+        while length < len(sequence):
+            online.propose(_ids(sequence[:length]), 4)
+            n_new = min(rng.randrange(1, 5), len(sequence) - length)
+            length += n_new
+            online.extend(_ids(sequence[:length]), n_new)
+    batch = NGram(order=order, min_probability=0).fit(sequences)
+    assert online._counts == batch._counts
+    assert online._contexts == batch._contexts
+
+
+def test_ngram_train_through_a_tokenizer():
+    texts = ["hello world", "hello world", "help"]
+    drafter = NGram.train(texts, byte_ngram.encode, order=4, min_probability=0.5,
+                          vocab_size=256)
+    proposal = _propose(drafter, byte_ngram.encode("say hel"))
+    assert byte_ngram.decode(proposal) == "lo world"
+    assert drafter.last_probabilities[0] == pytest.approx(2 / 3)
+    assert drafter.order == 4 and drafter.vocab_size == 256 and drafter.num_grams > 0
+
+
+# -- NGram: vocabulary and input checks -------------------------------------------------
+
+
+@pytest.mark.parametrize(("call", "error", "match"), [
+    (lambda d: d.fit([[1, 10]]), ValueError,
+     r"token_sequences\[0\] holds token id 10, outside \[0, vocab_size\) = \[0, 10\)"),
+    (lambda d: d.fit([[1, 2], [3, -1]]), ValueError, r"token_sequences\[1\] holds a negative"),
+    (lambda d: d.fit([[1.0, 2.0]]), TypeError, "must hold int token ids"),
+    (lambda d: d.fit([1, 2, 3]), TypeError, "wrap a single sequence in a list"),
+    (lambda d: d.fit("123"), TypeError, "not a string"),
+    (lambda d: d.fit([[[1, 2]]]), ValueError, "one-dimensional"),
+    (lambda d: d.start(_ids([3, 12])), ValueError, "prompt holds token id 12"),
+    (lambda d: d.start(_ids([3, -2])), ValueError, "prompt holds a negative token id"),
+    (lambda d: d.extend(_ids([3, 11]), 1), ValueError, "tokens holds token id 11"),
+    (lambda d: d.propose(_ids([3]), -1), ValueError, "max_tokens must be an int >= 0"),
+    (lambda d: d.propose(_ids([3]), 1.5), TypeError, "max_tokens must be an int >= 0"),
+    (lambda d: d.extend(_ids([3]), 2), ValueError, "n_new must lie in"),
+])
+def test_ngram_checks_ids_and_calls(call, error, match):
+    drafter = NGram(order=3, vocab_size=10)
+    with pytest.raises(error, match=match):
+        call(drafter)
+    assert drafter.num_grams == 0  # a refused call learnt nothing
+
+
+def test_ngram_train_checks_its_inputs():
+    with pytest.raises(TypeError, match="texts must be an iterable of str, not a single"):
+        NGram.train("hello", byte_ngram.encode)
+    with pytest.raises(TypeError, match=r"texts\[1\] must be a str"):
+        NGram.train(["a", 3], byte_ngram.encode)
+    with pytest.raises(TypeError, match="tokenize must be a callable"):
+        NGram.train(["a"], "encode")
+    with pytest.raises(ValueError, match=r"tokenize\(texts\[0\]\) holds token id 195"):
+        NGram.train(["é"], byte_ngram.encode, vocab_size=128)
+    with pytest.raises(ValueError, match="order must be an int >= 2"):
+        NGram.train(["a"], byte_ngram.encode, order=1)
+
+
+@pytest.mark.parametrize(("options", "error", "match"), [
+    ({"order": 1}, ValueError, "order must be an int >= 2, got 1"),
+    ({"order": 3.0}, TypeError, "order must be an int >= 2, got float"),
+    ({"order": True}, TypeError, "order must be an int >= 2, got bool"),
+    ({"num_tokens": 0}, ValueError, "num_tokens must be an int >= 1"),
+    ({"min_count": 0}, ValueError, "min_count must be an int >= 1"),
+    ({"min_count": "2"}, TypeError, "min_count must be an int >= 1"),
+    ({"min_probability": 1.5}, ValueError, r"min_probability must be a number in \[0, 1\]"),
+    ({"min_probability": float("nan")}, ValueError, "min_probability must be a number"),
+    ({"min_probability": True}, TypeError, "min_probability must be a number .* got bool"),
+    ({"min_probability": "0.5"}, TypeError, "min_probability must be a number"),
+    ({"vocab_size": 0}, ValueError, "vocab_size must be an int >= 1"),
+    ({"vocab_size": 2.5}, TypeError, "vocab_size must be an int >= 1"),
+    ({"online": 1}, TypeError, "online must be True or False"),
+])
+def test_ngram_refuses_bad_options(options, error, match):
+    with pytest.raises(error, match=match):
+        NGram(**options)
+
+
+# -- NGram: save and load ---------------------------------------------------------------
+
+
+def _random_corpus(seed, count=40, alphabet=6):
+    rng = random.Random(seed)
+    return [[rng.randrange(alphabet) for _ in range(rng.randrange(0, 50))]
+            for _ in range(count)]
+
+
+def test_ngram_save_load_round_trip(tmp_path):
+    drafter = NGram(order=4, num_tokens=6, min_count=2, min_probability=0.1, vocab_size=6,
+                    online=False).fit(_random_corpus(0))
+    path = tmp_path / "drafter.bin"  # the name is kept as given
+    drafter.save(path)
+    assert path.is_file() and not list(tmp_path.glob("*.npz")) \
+        and not list(tmp_path.glob("*.tmp"))
+    loaded = NGram.load(path)
+    assert repr(loaded) == repr(drafter)
+    assert loaded._counts == drafter._counts and loaded._contexts == drafter._contexts
+    rng = random.Random(1)
+    for _ in range(300):
+        tokens = [rng.randrange(6) for _ in range(rng.randrange(0, 5))]
+        assert _propose(loaded, tokens) == _propose(drafter, tokens)
+        assert loaded.last_probabilities == drafter.last_probabilities
+    # The same counts give the same file, whatever order they were learnt in.
+    again = tmp_path / "again.npz"
+    NGram(order=4, num_tokens=6, min_count=2, min_probability=0.1, vocab_size=6,
+          online=False).fit(_random_corpus(0)[::-1]).save(again)
+    assert again.read_bytes() == path.read_bytes()
+    # Saved options can be overridden on load, the ones the counts depend on cannot.
+    assert NGram.load(path, min_probability=0.9).min_probability == 0.9
+    with pytest.raises(TypeError, match="order and vocab_size come from the file"):
+        NGram.load(path, order=3)
+    with pytest.raises(ValueError, match="num_tokens must be an int >= 1"):
+        NGram.load(path, num_tokens=0)
+    # An empty drafter round-trips too.
+    NGram(order=2).save(tmp_path / "empty")
+    assert NGram.load(tmp_path / "empty").num_grams == 0
+
+
+def _npz(path, **arrays):
+    with open(path, "wb") as file:
+        np.savez(file, **arrays)
+    return path
+
+
+def _valid_arrays(tmp_path):
+    NGram(order=2, vocab_size=5).fit([[1, 2, 3]]).save(tmp_path / "ok")
+    with np.load(tmp_path / "ok") as data:
+        return {key: data[key] for key in data.files}
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"format": np.array("something else")}, "missing or wrong 'format' marker"),
+    ({"version": np.int64(99)}, "version 99"),
+    ({"order": np.int64(1)}, r"invalid options \(order must be an int >= 2"),
+    ({"min_count": np.float64(0.5)}, r"invalid options \(min_count must be an int"),
+    ({"counts_2": np.array([1, 0])}, "counts_2 holds a count below 1"),
+    ({"grams_2": np.array([[1, 2], [2, 7]])}, r"grams_2 holds token id 7, outside"),
+    ({"grams_2": np.array([[1, 2], [1, 2]])}, r"grams_2 holds \(1, 2\) twice"),
+    ({"grams_2": np.array([1.0, 2.0])}, "grams_2 / counts_2 have shapes"),
+    ({"grams_2": np.array([[1, 2, 3], [2, 3, 4]])}, "grams_2 / counts_2 have shapes"),
+    ({"counts_2": None}, "missing grams_2 / counts_2"),
+    ({"online": None}, "missing or malformed option"),
+])
+def test_ngram_load_refuses_a_bad_npz(tmp_path, change, match):
+    arrays = _valid_arrays(tmp_path)
+    for key, value in change.items():
+        if value is None:
+            del arrays[key]
+        else:
+            arrays[key] = value
+    path = _npz(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ValueError, match="is not a specdec NGram drafter file: " + match):
+        NGram.load(path)
+
+
+def test_ngram_load_refuses_files_that_are_not_drafters(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("hello\n")
+    array = tmp_path / "array.npy"
+    np.save(array, np.arange(3))
+    objects = _npz(tmp_path / "objects.npz", format=np.array([{"a": 1}], dtype=object))
+    good = tmp_path / "good.npz"
+    NGram(order=3).fit([[1, 2, 3, 4]]).save(good)
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(good.read_bytes()[:100])
+    for path in (text, array, objects, truncated, tmp_path):
+        with pytest.raises((ValueError, FileNotFoundError), match="NGram drafter file"):
+            NGram.load(path)
+    with pytest.raises(ValueError, match="not a specdec NGram drafter file"):
+        NGram.load(text)
+    with pytest.raises(FileNotFoundError):
+        NGram.load(tmp_path / "missing.npz")
