@@ -295,11 +295,12 @@ def test_lookup_refuses_bad_calls(call, error, match):
 
 
 def test_ngram_proposes_the_most_frequent_continuation():
-    drafter = NGram(order=3, min_probability=0.5).fit([[1, 2, 3, 4], [1, 2, 3, 5],
+    drafter = NGram(order=3, min_probability=0.3).fit([[1, 2, 3, 4], [1, 2, 3, 5],
                                                        [1, 2, 3, 4]])
-    # (1, 2) -> 3 always; (2, 3) -> 4 two times in three; (3, 4) never continued.
+    # (1, 2) -> 3 three times in three; (2, 3) -> 4 two times in three; (3, 4) is
+    # never continued.  Estimates: c / (t + 1).
     assert _propose(drafter, [9, 1, 2]) == [3, 4]
-    assert drafter.last_probabilities == pytest.approx((1.0, 2 / 3))
+    assert drafter.last_probabilities == pytest.approx((3 / 4, 3 / 4 * 2 / 4))
     assert drafter.last_match_size == 2
     # Frequency, not recency: 7 followed (5, 6) twice, 8 once and last.
     drafter = NGram(order=3, min_probability=0).fit([[5, 6, 7], [5, 6, 7], [5, 6, 8]])
@@ -329,15 +330,19 @@ def test_ngram_backs_off_from_the_longest_context():
 
 
 def test_ngram_stops_on_weak_evidence():
-    # Each step is 0.7 likely: the product is 0.49 after two tokens.
+    # Each step is estimated 7 / 11 likely: the product is 49 / 121 after two tokens.
     data = [[1, 2, 3]] * 7 + [[1, 9]] * 3 + [[2, 9]] * 3
     assert _propose(NGram(order=2, min_probability=0.5).fit(data), [1]) == [2]
-    drafter = NGram(order=2, min_probability=0.45).fit(data)
+    drafter = NGram(order=2, min_probability=0.4).fit(data)
     assert _propose(drafter, [1]) == [2, 3]
-    assert drafter.last_probabilities == pytest.approx((0.7, 0.49))
-    assert _propose(NGram(order=2, min_probability=0.75).fit(data), [1]) == []
+    assert drafter.last_probabilities == pytest.approx((7 / 11, 49 / 121))
+    assert _propose(NGram(order=2, min_probability=0.65).fit(data), [1]) == []
+    # One observation is a coin flip (1 / 2), two are 2 / 3.
+    drafter = NGram(order=2, min_probability=0.55)
+    assert _propose(drafter.fit([[1, 2]]), [1]) == []
+    assert _propose(drafter.fit([[1, 2]]), [1]) == [2]
     # min_count: one observation is not enough evidence for min_count=2.
-    drafter = NGram(order=2, min_count=2)
+    drafter = NGram(order=2, min_count=2, min_probability=0)
     assert _propose(drafter.fit([[1, 2]]), [1]) == []
     assert _propose(drafter.fit([[1, 2]]), [1]) == [2]
 
@@ -393,12 +398,13 @@ def test_ngram_online_counts_equal_fit(seed):
 
 
 def test_ngram_train_through_a_tokenizer():
-    texts = ["hello world", "hello world", "help"]
-    drafter = NGram.train(texts, byte_ngram.encode, order=4, min_probability=0.5,
+    texts = ["hello world"] * 4 + ["help"]
+    drafter = NGram.train(texts, byte_ngram.encode, order=4, min_probability=0.1,
                           vocab_size=256)
     proposal = _propose(drafter, byte_ngram.encode("say hel"))
-    assert byte_ngram.decode(proposal) == "lo world"
-    assert drafter.last_probabilities[0] == pytest.approx(2 / 3)
+    assert byte_ngram.decode(proposal) == "lo world"  # "d" ends every text: no more
+    assert drafter.last_probabilities == pytest.approx(
+        [4 / 6 * (4 / 5) ** k for k in range(8)])
     assert drafter.order == 4 and drafter.vocab_size == 256 and drafter.num_grams > 0
 
 
@@ -447,7 +453,9 @@ def test_ngram_train_checks_its_inputs():
     ({"num_tokens": 0}, ValueError, "num_tokens must be an int >= 1"),
     ({"min_count": 0}, ValueError, "min_count must be an int >= 1"),
     ({"min_count": "2"}, TypeError, "min_count must be an int >= 1"),
-    ({"min_probability": 1.5}, ValueError, r"min_probability must be a number in \[0, 1\]"),
+    ({"min_probability": 1.5}, ValueError, r"min_probability must be a number in \[0, 1\)"),
+    ({"min_probability": 1.0}, ValueError, r"min_probability must be a number in \[0, 1\)"),
+    ({"min_probability": -0.1}, ValueError, r"min_probability must be a number in \[0, 1\)"),
     ({"min_probability": float("nan")}, ValueError, "min_probability must be a number"),
     ({"min_probability": True}, TypeError, "min_probability must be a number .* got bool"),
     ({"min_probability": "0.5"}, TypeError, "min_probability must be a number"),

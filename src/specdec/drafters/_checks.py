@@ -16,6 +16,8 @@ def empty_proposal() -> np.ndarray:
 
 def check_int_option(name: str, value, minimum: int) -> int:
     """An option that must be an int >= *minimum* (a bool is not an int)."""
+    if type(value) is int and value >= minimum:  # the common case, on every step
+        return value
     if not _is_int(value):
         raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} "
                         f"{value!r}")
@@ -24,13 +26,14 @@ def check_int_option(name: str, value, minimum: int) -> int:
     return int(value)
 
 
-def check_probability_option(name: str, value) -> float:
-    """An option that must be a real number in [0, 1]."""
+def check_probability_option(name: str, value, closed: bool = True) -> float:
+    """An option that must be a real number in [0, 1] (in [0, 1) unless *closed*)."""
+    interval = "[0, 1]" if closed else "[0, 1)"
     if not _is_real(value):
-        raise TypeError(f"{name} must be a number in [0, 1], got {type(value).__name__} "
+        raise TypeError(f"{name} must be a number in {interval}, got {type(value).__name__} "
                         f"{value!r}")
-    if not 0.0 <= value <= 1.0:  # also refuses NaN
-        raise ValueError(f"{name} must be a number in [0, 1], got {value}")
+    if not (0.0 <= value <= 1.0 if closed else 0.0 <= value < 1.0):  # also refuses NaN
+        raise ValueError(f"{name} must be a number in {interval}, got {value}")
     return float(value)
 
 

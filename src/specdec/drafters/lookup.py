@@ -177,7 +177,7 @@ class PromptLookup(Drafter):
             # The decoder's protocol: tokens[:old] is the indexed sequence.  Checking
             # its last tokens (O(max_ngram_size)) catches a skipped start().
             k = min(old, self.max_ngram_size)
-            if np.array_equal(self._buffer[old - k:old], tokens[old - k:old]):
+            if self._buffer[old - k:old].tolist() == tokens[old - k:old].tolist():
                 self._append(tokens[old:])
                 return
         self._sync(tokens, None)

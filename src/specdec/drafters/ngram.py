@@ -49,8 +49,11 @@ class NGram(Drafter):
     backs off from the longest context to shorter ones until it finds one seen at
     least *min_count* times; that context's most frequent successor is the next
     proposed token (ties go to the smaller id), and the step repeats with that
-    token appended.  Each token's estimated probability is its share of the
-    context's count; drafting stops once the product of these (the estimated
+    token appended.  A token seen ``c`` times after a context seen ``t`` times is
+    estimated to follow with probability ``c / (t + 1)``: its share of the count,
+    less an escape share for "something never seen yet" (as in PPM text
+    compression), so that a context seen once predicts with 1/2, not with
+    certainty.  Drafting stops once the product of these estimates (the estimated
     probability that the whole proposal is right) falls below *min_probability*,
     when no context is usable, or after ``min(num_tokens, max_tokens)`` tokens.
 
@@ -63,11 +66,14 @@ class NGram(Drafter):
     min_count : int, default 1
         A context counts as seen once it occurred this many times; rarer contexts
         are backed off from.  Raise it to distrust single observations.
-    min_probability : float, default 0.4
+    min_probability : float, default 0.5
         Stop drafting when the estimated probability of the proposal so far falls
-        below it (cf. Hugging Face's ``assistant_confidence_threshold``, llama.cpp's
-        ``--draft-p-min``, which apply per token).  0 drafts as long as a context
-        is known; 1 only drafts tokens that always followed.
+        below it, in ``[0, 1)`` (cf. Hugging Face's
+        ``assistant_confidence_threshold`` and llama.cpp's ``--draft-p-min``,
+        which apply per token).  0 drafts as long as a context is known.  The
+        default is about the cost of one more verified position relative to one
+        token on a small CPU model (see the project notes): a drafted token is
+        worth verifying when it is kept about half the time.
     vocab_size : int, optional
         When given, every id the drafter learns from must lie in
         ``[0, vocab_size)`` (checked in :meth:`fit`, :meth:`train`, :meth:`start`
@@ -103,19 +109,20 @@ class NGram(Drafter):
     >>> import numpy as np
     >>> from specdec.drafters import NGram
     >>> drafter = NGram(order=3).fit([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 4]])
-    >>> drafter.propose(np.array([9, 1]), max_tokens=8)   # 1 2 3, then 4 (2 of 3)
-    array([2, 3, 4])
-    >>> [round(p, 3) for p in drafter.last_probabilities]
-    [1.0, 1.0, 0.667]
+    >>> drafter.propose(np.array([9, 1]), max_tokens=8)   # then 4 (2 of 3): too weak
+    array([2, 3])
+    >>> drafter.last_probabilities                        # 3/4, then 3/4 * 3/4
+    (0.75, 0.5625)
     """
 
     def __init__(self, order: int = 4, *, num_tokens: int = 10, min_count: int = 1,
-                 min_probability: float = 0.4, vocab_size: int | None = None,
+                 min_probability: float = 0.5, vocab_size: int | None = None,
                  online: bool = True):
         self._order = check_int_option("order", order, 2)
         self.num_tokens = check_int_option("num_tokens", num_tokens, 1)
         self.min_count = check_int_option("min_count", min_count, 1)
-        self.min_probability = check_probability_option("min_probability", min_probability)
+        self.min_probability = check_probability_option("min_probability", min_probability,
+                                                        closed=False)
         self._vocab_size = (None if vocab_size is None
                             else check_int_option("vocab_size", vocab_size, 1))
         self.online = check_bool_option("online", online)
@@ -303,7 +310,7 @@ class NGram(Drafter):
                     break
             else:
                 break
-            probability *= stats[2] / stats[0]
+            probability *= stats[2] / (stats[0] + 1)
             if probability < min_probability:
                 break
             if not proposal:
