@@ -337,7 +337,13 @@ def test_ngram_stops_on_weak_evidence():
     assert _propose(drafter, [1]) == [2, 3]
     assert drafter.last_probabilities == pytest.approx((7 / 11, 49 / 121))
     assert _propose(NGram(order=2, min_probability=0.65).fit(data), [1]) == []
-    # One observation is a coin flip (1 / 2), two are 2 / 3.
+    # One observation is a coin flip (1 / 2): at the default threshold (0.5) it is
+    # proposed, since drafting stops only *below* the threshold.
+    drafter = NGram(order=2)
+    assert drafter.min_probability == 0.5
+    assert _propose(drafter.fit([[1, 2]]), [1]) == [2]
+    assert drafter.last_probabilities == (0.5,)
+    # Two observations are 2 / 3.
     drafter = NGram(order=2, min_probability=0.55)
     assert _propose(drafter.fit([[1, 2]]), [1]) == []
     assert _propose(drafter.fit([[1, 2]]), [1]) == [2]
