@@ -69,6 +69,8 @@ def as_sequence(tokens, name: str = "tokens") -> np.ndarray:
 
 def check_n_new(n_new, length: int) -> int:
     """``extend``'s count of appended tokens: an int in [0, len(tokens)]."""
+    if type(n_new) is int and 0 <= n_new <= length:  # the common case, on every step
+        return n_new
     if not _is_int(n_new):
         raise TypeError(f"n_new must be an int >= 0, got {type(n_new).__name__} {n_new!r}")
     if not 0 <= n_new <= length:

@@ -340,12 +340,15 @@ class NGram(Drafter):
         n_new = check_n_new(n_new, length)
         if n_new == 0:
             return
-        check_ids(tokens[length - n_new:], "tokens", self._vocab_size)
-        if not self.online:
-            return
         first = length - n_new
         offset = max(first - (self._order - 1), 0)
         window = tokens[offset:].tolist()
+        # Python's min / max over a few ints beat a NumPy reduction's call overhead.
+        new = window[first - offset:]
+        if min(new) < 0 or (self._vocab_size is not None and max(new) >= self._vocab_size):
+            check_ids(tokens[first:], "tokens", self._vocab_size)  # raises, with the message
+        if not self.online:
+            return
         add = self._add
         for position in range(first - offset, len(window)):
             for size in range(1, min(self._order - 1, position) + 1):
