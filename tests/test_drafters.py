@@ -18,10 +18,9 @@ from hypothesis import strategies as st
 from specdec import ngram as byte_ngram
 from specdec.drafters import Drafter, NGram, PromptLookup
 
-
 # derandomize: CI runs the same examples every time (SPECDEC_HYPOTHESIS_RANDOM=1
 # explores new ones), as in test_kernels.py.
-SETTINGS = dict(deadline=None, derandomize=not os.environ.get("SPECDEC_HYPOTHESIS_RANDOM"))
+SETTINGS = {"deadline": None, "derandomize": not os.environ.get("SPECDEC_HYPOTHESIS_RANDOM")}
 
 
 def _ids(values) -> np.ndarray:
@@ -197,8 +196,8 @@ def test_lookup_incremental_index_equals_the_scan(seed):
         else:
             sequence.append(rng.randrange(alphabet))
     max_ngram_size = rng.randrange(1, 5)
-    options = dict(num_tokens=rng.randrange(1, 8), max_ngram_size=max_ngram_size,
-                   min_ngram_size=rng.randrange(1, max_ngram_size + 1))
+    options = {"num_tokens": rng.randrange(1, 8), "max_ngram_size": max_ngram_size,
+               "min_ngram_size": rng.randrange(1, max_ngram_size + 1)}
     drafter = _decode(PromptLookup(**options), sequence, rng.randrange(0, 20), rng, options,
                       check_fresh=seed < 3)
     # The index built step by step is the one built from scratch.

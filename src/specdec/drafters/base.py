@@ -79,7 +79,6 @@ class Drafter(abc.ABC):
         prompt : numpy.ndarray of int64, shape (L,)
             The prompt's token ids (read-only, valid only during the call).
         """
-        return None
 
     @abc.abstractmethod
     def propose(self, tokens: np.ndarray, max_tokens: int) -> np.ndarray:
@@ -114,4 +113,3 @@ class Drafter(abc.ABC):
         n_new : int
             How many tokens the step appended, ``tokens[-n_new:]``.
         """
-        return None
