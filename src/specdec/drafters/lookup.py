@@ -67,6 +67,10 @@ class PromptLookup(Drafter):
     ``O(max_ngram_size ** 2 + num_tokens)`` per step, independent of the length of
     the sequence.
 
+    In repetitive text the latest occurrence may overlap the trailing n-gram, and
+    then only the few tokens between them back a proposal (``5 5 5 5`` proposes a
+    single ``5``): the drafter does not extrapolate a period it has not seen.
+
     :meth:`propose` also works without :meth:`start` / :meth:`extend` (called on
     its own, on any sequence): a sequence of another length than the one indexed,
     or whose last tokens differ, is re-indexed (appended to, when the indexed

@@ -104,6 +104,11 @@ class NGram(Drafter):
     seen (roughly ``order - 1`` dictionary entries per training token in the worst
     case); no unigram counts are kept, since a context-free guess is rarely kept.
 
+    With *online*, every :meth:`start` counts its prompt again: generating several
+    completions of one prompt weighs that prompt's n-grams accordingly (as it
+    does the phrasing common to many requests).  Use ``online=False`` to keep a
+    trained drafter fixed, e.g. to compare runs.
+
     Examples
     --------
     >>> import numpy as np
