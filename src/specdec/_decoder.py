@@ -93,6 +93,13 @@ def _check_same_vocab(draft_size: int, target_size: int) -> None:
         )
 
 
+def _check_proposal_range(drafted: np.ndarray, vocab_size: int | None, name: str) -> None:
+    """A drafter's ids must lie in the target's vocabulary (once it is known)."""
+    if vocab_size is not None and drafted.max() >= vocab_size:
+        raise ValueError(f"drafter {name} proposed token id {drafted.max()}, outside the "
+                         f"target's vocabulary [0, {vocab_size})")
+
+
 def _check_choice(value, name: str, choices) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
@@ -270,7 +277,7 @@ class SpeculativeDecoder:
         block = self.verification == "block"
         gamma = self.gamma
         policy = self._policy(sources)
-        policy.start(gamma)
+        policy.start(gamma, getattr(target_model, "speculation_cost", None))
         kernels = self._kernels
 
         run = _Run(prompt, max_new_tokens)
@@ -283,21 +290,25 @@ class SpeculativeDecoder:
             start = run.length
             budget = min(gamma, run.limit - start)
             run.reserve(start + budget + 1)
-            source, proposal = sources.propose(run.sequence(), budget)
+            source, evidence, proposal = sources.propose(run.sequence(), budget)
+            key = (source, evidence)
             weights = laws = None
             if proposal is None:  # the draft model's turn: sample it
                 n_draft, work = self._draft_from_model(
-                    draft, run, start, policy.length(source, budget), policy, source, rows_q,
+                    draft, run, start, policy.length(key, budget), policy.p_min, rows_q,
                     controls, generator, work, prompt, eos)
                 if n_draft:
                     weights, laws = rows_q.weights, rows_q.laws
             else:
-                n_draft = policy.length(source, len(proposal)) if len(proposal) else 0
+                n_draft = policy.length(key, len(proposal)) if len(proposal) else 0
                 if eos is not None and n_draft:
                     hits = np.flatnonzero(proposal[:n_draft] == eos)
                     n_draft = int(hits[0]) + 1 if len(hits) else n_draft
                 run.tokens[start:start + n_draft] = proposal[:n_draft]
 
+            if n_draft and proposal is not None:
+                _check_proposal_range(run.tokens[start:start + n_draft], target.vocab_size,
+                                      sources.names[source])
             seconds = target.elapsed
             rows = target.last_rows(run.ids[:, :start + n_draft], n_draft + 1)
             seconds = target.elapsed - seconds
@@ -308,10 +319,8 @@ class SpeculativeDecoder:
             if work is None:
                 work = kernels.Workspace(target.vocab_size)
             drafted = run.tokens[start:start + n_draft]
-            if n_draft and proposal is not None and drafted.max() >= target.vocab_size:
-                raise ValueError(
-                    f"drafter {sources.names[source]} proposed token id {drafted.max()}, "
-                    f"outside the target's vocabulary [0, {target.vocab_size})")
+            if target.calls == 1 and n_draft and proposal is not None:
+                _check_proposal_range(drafted, target.vocab_size, sources.names[source])
             bonus = (n_draft == 0 or drafted[-1] != eos) and start + n_draft < run.limit
             try:
                 n_kept, token = kernels.verify(rows, drafted, weights, laws, bonus, controls,
@@ -329,7 +338,8 @@ class SpeculativeDecoder:
             shadow = None
             if (proposal is not None and len(proposal) > n_draft == n_kept and token >= 0):
                 shadow = bool(token == proposal[n_draft])
-            policy.observe(source, n_draft, n_kept, seconds, shadow)
+            if source >= 0:
+                policy.observe(key, n_draft, n_kept, seconds, shadow)
             sources.extend(run.sequence(), new)
             if eos is not None and run.tokens[run.length - 1] == eos:
                 break
@@ -340,18 +350,16 @@ class SpeculativeDecoder:
         stats.target_time = target.elapsed
         return run.result(stats, draft, target)
 
-    def _draft_from_model(self, draft, run, start, n_max, policy, source, rows_q, controls,
+    def _draft_from_model(self, draft, run, start, n_max, p_min, rows_q, controls,
                           generator, work, prompt, eos):
         """Sample up to ``n_max`` draft tokens from the draft model into the run's buffer.
 
-        Stops early at ``eos`` and, with ``policy.p_min``, at a token whose row's top
+        Stops early at ``eos`` and, with ``p_min``, at a token whose row's top
         probability is below it (that token is dropped).  Returns the number drafted and
         the workspace (made at the first draft row, when the vocabulary is known).
         """
         kernels = self._kernels
-        p_min = policy.p_min
         n_draft = 0
-        seconds = draft.elapsed
         while n_draft < n_max:
             position = start + n_draft
             row = draft.last_rows(run.ids[:, :position], 1)[0]
@@ -373,8 +381,6 @@ class SpeculativeDecoder:
             n_draft += 1
             if token == eos:
                 break
-        if n_draft and isinstance(policy, AdaptiveDraftLength):
-            policy.draft_seconds[source] = (draft.elapsed - seconds) / n_draft
         return n_draft, work
 
 

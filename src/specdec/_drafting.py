@@ -57,17 +57,23 @@ class DraftSources:
         for drafter in self.drafters:
             drafter.start(prompt)
 
-    def propose(self, tokens: np.ndarray, max_tokens: int) -> tuple[int, np.ndarray | None]:
-        """The first proposal: ``(source, tokens)``, or ``(model_source, None)`` when the
-        draft model is to be sampled, or ``(-1, empty)`` when no source has one."""
+    def propose(self, tokens: np.ndarray, max_tokens: int):
+        """The first proposal, as ``(source, evidence, tokens)``.
+
+        ``tokens`` is None when the draft model is to be sampled, and empty (with
+        ``source`` -1) when no source has a proposal.  ``evidence`` is the drafter's
+        ``last_match_size`` if it has one (how long a context its proposal rests on),
+        so that a draft-length policy can tell strong proposals from weak ones.
+        """
         if max_tokens > 0:
             for source, drafter in enumerate(self.drafters):
                 proposal = drafter.propose(tokens, max_tokens)
                 if len(proposal):
-                    return source, _checked_proposal(proposal, max_tokens, self.names[source])
+                    return (source, getattr(drafter, "last_match_size", None),
+                            _checked_proposal(proposal, max_tokens, self.names[source]))
         if self.model is not None:
-            return self.model_source, None
-        return -1, _EMPTY
+            return self.model_source, None, None
+        return -1, None, _EMPTY
 
     def extend(self, tokens: np.ndarray, n_new: int) -> None:
         """Show every drafter the tokens a step appended."""

@@ -10,10 +10,31 @@ no model at all.
   sequence's last n-gram (Hugging Face's ``prompt_lookup_num_tokens``).
 * :class:`NGram`: propose the most frequent continuation under token n-gram counts
   learnt from texts (through the target's tokenizer) and online from the sequence.
+* :class:`Chain`: several sources in order (say lookup, then n-gram, then a draft
+  model); the first with a proposal wins.
+* Draft-length policies: :class:`AdaptiveDraftLength` (the default for drafters: drafts
+  what pays, possibly nothing), :class:`FixedDraftLength` (always ``gamma``),
+  :class:`HeuristicDraftLength` (Hugging Face's +2/-1 schedule).
 """
 
 from specdec.drafters.base import Drafter
+from specdec.drafters.chain import Chain
+from specdec.drafters.length import (
+    AdaptiveDraftLength,
+    DraftLengthPolicy,
+    FixedDraftLength,
+    HeuristicDraftLength,
+)
 from specdec.drafters.lookup import PromptLookup
 from specdec.drafters.ngram import NGram
 
-__all__ = ["Drafter", "NGram", "PromptLookup"]
+__all__ = [
+    "AdaptiveDraftLength",
+    "Chain",
+    "DraftLengthPolicy",
+    "Drafter",
+    "FixedDraftLength",
+    "HeuristicDraftLength",
+    "NGram",
+    "PromptLookup",
+]
