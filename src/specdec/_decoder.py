@@ -15,7 +15,7 @@ import numpy as np
 
 from specdec._backend import kernels_for
 from specdec._calling import ModelCaller
-from specdec._common import InvalidLogitsError
+from specdec._common import LAW_DTYPE, InvalidLogitsError
 from specdec._validation import (
     SamplingControls,
     as_generator,
@@ -24,6 +24,7 @@ from specdec._validation import (
     check_max_new_tokens,
     check_prompt,
     check_token_range,
+    check_verification,
     make_rng,
 )
 
@@ -155,6 +156,13 @@ class SpeculativeDecoder:
         Keep the smallest set of most likely tokens holding ``top_p`` of the mass.
     min_p : float in [0, 1), optional
         Keep tokens at least ``min_p`` times as likely as the most likely one.
+    verification : {"block", "token"}, default "block"
+        How a draft is verified.  ``"block"``: block verification (Sun et al.,
+        "Block Verification Accelerates Speculative Decoding", ICLR 2025), which
+        judges the draft jointly and keeps at least as many tokens in expectation.
+        ``"token"``: token by token (Leviathan et al. 2023), the reference loop's
+        decisions.  Both are exact (the output law is the target's) and identical
+        under greedy decoding.
     backend : {"cython", "python"}, optional
         Kernel backend; default :data:`specdec.BACKEND`.
 
@@ -165,8 +173,9 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, gamma: int = 4, temperature: float = 1.0, *, seed=None, top_k=None,
-                 top_p=None, min_p=None, backend=None):
+                 top_p=None, min_p=None, verification="block", backend=None):
         self.gamma = check_gamma(gamma)
+        self.verification = check_verification(verification)
         self._controls = SamplingControls.from_user(temperature, top_k, top_p, min_p)
         self.temperature = temperature
         self.top_k, self.top_p, self.min_p = top_k, top_p, min_p
@@ -181,7 +190,7 @@ class SpeculativeDecoder:
             if value is not None
         )
         return (f"SpeculativeDecoder(gamma={self.gamma}, temperature={self.temperature!r}"
-                f"{controls}, backend={self.backend!r})")
+                f"{controls}, verification={self.verification!r}, backend={self.backend!r})")
 
     def generate(self, draft_model, target_model, prompt_ids, max_new_tokens: int = 50,
                  eos_token_id=None, *, rng=None):
@@ -220,8 +229,9 @@ class SpeculativeDecoder:
 
         run = _Run(prompt, max_new_tokens)
         stats = SpeculativeDecodingStats(accepted_length_histogram=[0] * (self.gamma + 1))
-        kernels, controls = self._kernels, self._controls.kernel_args
-        # Per draft token: its law and its weights (q = weights / law[3]), kept for
+        kernels, controls = self._kernels, self._controls
+        block = self.verification == "block"
+        # Per draft token: its law and its weights (q = weights / law["total"]), kept for
         # verify, so the draft's output array itself is never held on to.
         draft_weights = laws = work = None
         gamma = min(self.gamma, max_new_tokens)
@@ -235,10 +245,11 @@ class SpeculativeDecoder:
                 if work is None:  # first call: the vocabulary and the dtype are known
                     check_token_range(prompt, eos, draft.vocab_size)
                     work = kernels.Workspace(draft.vocab_size)
-                    laws = np.zeros((gamma, 4))
+                    laws = np.zeros(gamma, LAW_DTYPE)
                     draft_weights = np.empty((gamma, draft.vocab_size), dtype=row.dtype)
                 try:
-                    token = kernels.sample_token(row, *controls, generator, laws[n_draft],
+                    token = kernels.sample_token(row, controls, generator,
+                                                 laws[n_draft:n_draft + 1],
                                                  draft_weights[n_draft], work)
                 except InvalidLogitsError as error:
                     raise draft.invalid_logits(error, position - 1) from None
@@ -253,8 +264,8 @@ class SpeculativeDecoder:
             drafted = run.tokens[start:start + n_draft]
             bonus = drafted[-1] != eos and start + n_draft < run.limit
             try:
-                n_accepted, token = kernels.verify(rows, draft_weights, drafted, laws, bonus,
-                                                   *controls, generator, work)
+                n_accepted, token = kernels.verify(rows, drafted, draft_weights, laws, bonus,
+                                                   controls, generator, work, block)
             except InvalidLogitsError as error:
                 raise target.invalid_logits(error, start - 1) from None
             new = n_accepted
@@ -322,14 +333,14 @@ def sample(target_model, prompt_ids, max_new_tokens: int = 50, eos_token_id=None
     prompt = check_prompt(prompt_ids)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     eos = check_eos(eos_token_id)
-    controls = SamplingControls.from_user(temperature, top_k, top_p, min_p).kernel_args
+    controls = SamplingControls.from_user(temperature, top_k, top_p, min_p)
     kernels = kernels_for(backend)
     generator = make_rng(rng, seed)
     _check_declared_vocab(prompt, eos, target)
 
     run = _Run(prompt, max_new_tokens)
     stats = SpeculativeDecodingStats(accepted_length_histogram=[0])
-    law = np.zeros(4)
+    law = np.zeros(1, LAW_DTYPE)
     weights = work = None
     while run.length < run.limit:
         run.reserve(run.length + 1)
@@ -339,7 +350,7 @@ def sample(target_model, prompt_ids, max_new_tokens: int = 50, eos_token_id=None
             work = kernels.Workspace(target.vocab_size)
             weights = np.empty(target.vocab_size, dtype=row.dtype)
         try:
-            token = kernels.sample_token(row, *controls, generator, law, weights, work)
+            token = kernels.sample_token(row, controls, generator, law, weights, work)
         except InvalidLogitsError as error:
             raise target.invalid_logits(error, run.length - 1) from None
         run.tokens[run.length] = token
