@@ -590,8 +590,8 @@ def test_reference_and_specdec_accept_everything_with_identical_models(reference
         model = ContextModel(6, seed=seed, scale=1.0)
         np.random.seed(seed)
         ref_ids, ref_stats = reference.SpeculativeDecoder(4, 1.0).generate(model, model, [1], 21)
-        ids, stats = SpeculativeDecoder(4, 1.0, backend=backend).generate(model, model, [1], 21,
-                                                                          rng=seed)
+        ids, stats = SpeculativeDecoder(4, 1.0, verification="token", backend=backend).generate(
+            model, model, [1], 21, rng=seed)
         for s, n in ((ref_stats, len(ref_ids)), (stats, len(ids))):
             assert s.acceptance_rate == 1.0 and n == 22
         # no rejections: 21 tokens = 4 passes of 4 + bonus, then 1 drafted token
@@ -610,7 +610,8 @@ def test_forced_outcome_matches_the_reference(reference, backend, gamma, eos, ma
         draft, target = ForcedModel(7, draft_rule, dtype), ForcedModel(7, target_rule, dtype)
         ref_ids, ref_stats = reference.SpeculativeDecoder(gamma, 1.0).generate(
             draft, target, [2, 5], max_new_tokens, eos)
-        ids, stats = SpeculativeDecoder(gamma, 1.0, backend=backend).generate(
+        ids, stats = SpeculativeDecoder(gamma, 1.0, verification="token",
+                                        backend=backend).generate(
             draft, target, [2, 5], max_new_tokens, eos, rng=0)
         assert ids == ref_ids
         assert dataclasses.astuple(ref_stats) == counts_of(stats)[:4]
@@ -637,8 +638,8 @@ def test_greedy_matches_the_references_near_greedy(reference, backend, gamma,
         np.random.seed(seed)
         ref_ids, ref_stats = reference.SpeculativeDecoder(gamma, 0.0).generate(
             draft, target, [0, 1], 24, 5)
-        ids, stats = SpeculativeDecoder(gamma, 0.0, backend=backend).generate(
-            draft, target, [0, 1], 24, 5)
+        ids, stats = SpeculativeDecoder(gamma, 0.0, verification="token",
+                                        backend=backend).generate(draft, target, [0, 1], 24, 5)
         assert ids == ref_ids
         assert dataclasses.astuple(ref_stats) == counts_of(stats)[:4]
 

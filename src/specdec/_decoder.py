@@ -25,11 +25,11 @@ from specdec._validation import (
     check_max_new_tokens,
     check_prompt,
     check_token_range,
+    check_verification,
     make_rng,
 )
 from specdec.drafters.length import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 
-VERIFICATIONS = ("block", "token")
 DRAFT_LENGTHS = ("auto", "fixed", "adaptive")
 
 
@@ -136,9 +136,12 @@ class SpeculativeDecoder:
     min_p : float in [0, 1), optional
         Keep tokens at least ``min_p`` times as likely as the most likely one.
     verification : {"block", "token"}, default "block"
-        ``"block"`` verifies each draft jointly (Sun et al., ICLR 2025): the same law,
-        never fewer kept tokens in expectation.  ``"token"`` decides token by token,
-        as the reference loop does (its exact decisions for one random stream).
+        How a draft is verified.  ``"block"``: block verification (Sun et al.,
+        "Block Verification Accelerates Speculative Decoding", ICLR 2025), which
+        judges the draft jointly and keeps at least as many tokens in expectation.
+        ``"token"``: token by token (Leviathan et al. 2023), the reference loop's
+        decisions.  Both are exact (the output law is the target's) and identical
+        under greedy decoding.
     draft_length : {"auto", "fixed", "adaptive"} or DraftLengthPolicy, default "auto"
         ``"fixed"`` drafts ``gamma`` tokens per step (the reference's rule);
         ``"adaptive"`` uses :class:`specdec.drafters.AdaptiveDraftLength`, which drafts
@@ -184,7 +187,7 @@ class SpeculativeDecoder:
 
     @verification.setter
     def verification(self, value) -> None:
-        self._verification = _check_choice(value, "verification", VERIFICATIONS)
+        self._verification = check_verification(value)
 
     @property
     def draft_length(self):
