@@ -233,8 +233,11 @@ def test_returns_a_list_of_python_ints_with_the_prompt(backend, prompt):
     assert isinstance(stats, SpeculativeDecodingStats)
     for f in dataclasses.fields(stats):
         value = getattr(stats, f.name)
-        assert type(value) in (int, float, list), (f.name, type(value))
+        assert type(value) in (int, float, list, dict), (f.name, type(value))
     assert all(type(h) is int for h in stats.accepted_length_histogram)
+    assert all(type(h) is int for h in stats.draft_length_histogram)
+    assert all(type(n) is int for counts in stats.drafts_by_source.values()
+               for n in counts.values())
 
 
 def test_prompt_is_not_modified(backend):

@@ -38,7 +38,8 @@ class DraftSources:
         else:
             drafters, model = (), draft_model
         self.drafters = tuple(drafters)
-        self.model = None if model is None else ModelCaller(model, "draft_model")
+        # a lone draft_model must be a model: ModelCaller refuses anything else (None too)
+        self.model = None if model is None and drafters else ModelCaller(model, "draft_model")
         names = [type(d).__name__ for d in self.drafters]
         if self.model is not None:
             names.append("model")
