@@ -6,7 +6,9 @@ import importlib
 from types import ModuleType
 
 
-def import_optional(module: str, needed_by: str, extra: str, package: str | None = None) -> ModuleType:
+def import_optional(
+    module: str, needed_by: str, extra: str, package: str | None = None
+) -> ModuleType:
     """Import *module*, or raise an ImportError with the ``pip install`` line.
 
     The adapters import their heavy dependencies (llama.cpp, torch,

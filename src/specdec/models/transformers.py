@@ -72,7 +72,6 @@ class TransformersModel(PrefixCachedModel):
     cannot), a rollback starts over from an empty cache instead.
     """
 
-
     def __init__(self, model: Any, device: Any = "cpu", *, tokenizer: Any = None) -> None:
         super().__init__()
         torch = import_optional("torch", "TransformersModel", "transformers")
@@ -90,13 +89,19 @@ class TransformersModel(PrefixCachedModel):
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         # ``logits_to_keep`` was ``num_logits_to_keep`` before transformers 4.50;
         # some models have neither and return every row.
-        self._keep_arg = next((a for a in ("logits_to_keep", "num_logits_to_keep") if a in params), None)
+        self._keep_arg = next(
+            (a for a in ("logits_to_keep", "num_logits_to_keep") if a in params), None
+        )
         # transformers 4.x flags models that still use the legacy tuple cache
         # (such as GPT-2 before 4.47): they get no cache object from us and
         # their returned tuples are cropped by slicing. transformers 5 dropped
         # both the flag and the tuples.
         self._cache_objects = bool(getattr(self.model, "_supports_cache_class", True))
-        out_emb = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
+        out_emb = (
+            self.model.get_output_embeddings()
+            if hasattr(self.model, "get_output_embeddings")
+            else None
+        )
         if out_emb is not None and getattr(out_emb, "weight", None) is not None:
             # The output layer, not the config, decides the logits' width
             # (some models pad the embedding matrix).
@@ -107,7 +112,6 @@ class TransformersModel(PrefixCachedModel):
         self._cache: Any = None
 
     # -- cache bookkeeping -------------------------------------------------
-
 
     # -- the cache (see PrefixCachedModel) -----------------------------------
 
@@ -154,7 +158,6 @@ class TransformersModel(PrefixCachedModel):
         self._tokens = self._tokens[:n_keep] if self._cache is not None else self._tokens[:0]
 
     # -- public API --------------------------------------------------------
-
 
     def _first_to_evaluate(self, n_common: int, length: int, n_rows: int) -> int:
         # Start no later than L - n: the logits of cached positions are not
@@ -259,8 +262,8 @@ class TransformersModel(PrefixCachedModel):
                 eos = eos[0] if eos else None
         return None if eos is None else int(eos)
 
-
     def __repr__(self) -> str:
         name = type(self.model).__name__
-        return f"TransformersModel({name}, vocab_size={self.vocab_size}, device={str(self.device)!r})"
-
+        return (
+            f"TransformersModel({name}, vocab_size={self.vocab_size}, device={str(self.device)!r})"
+        )
