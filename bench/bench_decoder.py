@@ -4,8 +4,8 @@ Every cell runs ``generate`` with zero-cost table models
 (``specdec.cli.bench_models.make_pair``: a draft and a target whose per-token acceptance
 probability is calibrated to about 0.5 or 0.8) at temperature 1, for ``MAX_NEW_TOKENS``
 new tokens after a 16-token prompt, over V in {32,000, 128,256} and gamma in {4, 8}.
-One pytest-benchmark round is one whole ``generate`` call; every round starts from the same seed, so all
-rounds of a cell make the same decisions and do the same work.
+One pytest-benchmark round is one whole ``generate`` call; every round starts from the
+same seed, so all rounds of a cell make the same decisions and do the same work.
 
 Recorded in ``extra_info`` (``summarize.py`` turns it into tables):
 
