@@ -208,7 +208,10 @@ def run_bench(args) -> int:
                         v, a, _table_rows(args), seed=args.seed
                     )
                 except ValueError as error:  # an acceptance these tables cannot reach
-                    raise UsageError(f"--acceptance {a:g} --vocab {v}: {error}") from None
+                    raise UsageError(
+                        f"--acceptance {a:g} --vocab {v}: {error} (tables over so few tokens "
+                        "agree more often than that: use a larger --vocab or a higher --acceptance)"
+                    ) from None
                 for g in args.gamma:
                     bar.label = f"bench V={v} acceptance={a:g} gamma={g}"
                     bar.update(len(results))
