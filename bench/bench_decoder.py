@@ -1,18 +1,18 @@
 """Decoder cost per generated token: reference loop vs pure-Python vs compiled backend.
 
-Every cell runs ``generate`` with zero-cost table models (``_benchmodels.make_pair``:
-a draft and a target whose per-token acceptance probability is calibrated to
-about 0.5 or 0.8) at temperature 1, for ``MAX_NEW_TOKENS`` new tokens after a
-16-token prompt, over V in {32,000, 128,256} and gamma in {4, 8}.  One pytest-benchmark
-round is one whole ``generate`` call; every round starts from the same seed, so all
-rounds of a cell make the same decisions and do the same work.
+Every cell runs ``generate`` with zero-cost table models
+(``specdec.cli.bench_models.make_pair``: a draft and a target whose per-token acceptance
+probability is calibrated to about 0.5 or 0.8) at temperature 1, for ``MAX_NEW_TOKENS``
+new tokens after a 16-token prompt, over V in {32,000, 128,256} and gamma in {4, 8}.
+One pytest-benchmark round is one whole ``generate`` call; every round starts from the
+same seed, so all rounds of a cell make the same decisions and do the same work.
 
 Recorded in ``extra_info`` (``summarize.py`` turns it into tables):
 
 * ``decoder_us_per_token``: median over the rounds (``_min``: minimum) of the time
-  outside the models per generated token (see ``conftest.py``: specdec's ``stats.decoder_time``; for the
-  reference loop, wall time minus the time inside the models' ``forward``, measured
-  by wrapping them);
+  outside the models per generated token (see ``conftest.py``: specdec's
+  ``stats.decoder_time``; for the reference loop, wall time minus the time inside the
+  models' ``forward``, measured by wrapping them);
 * ``acceptance_rate`` and ``tokens_per_step`` actually achieved (they differ between
   implementations only through their random streams: the reference draws from
   NumPy's global state, specdec from a seeded Generator);

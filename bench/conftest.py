@@ -20,15 +20,21 @@ line is collected anyway.
 
 What "decoder time" means
 -------------------------
-The models are :class:`specdec._benchmodels.TableModel` tables: a forward pass is a
+The models are :class:`specdec.cli.bench_models.TableModel` tables: a forward pass is a
 slice of a precomputed logits table, so it costs next to nothing.  Still, every
 figure labelled *decoder* excludes the models:
 
 * specdec backends: ``stats.decoder_time`` -- the call's wall time minus the time
   spent inside the two models' ``forward`` (specdec measures this itself);
-* the reference loop: the same definition, measured here -- both models are wrapped
-  in :class:`TimedModel`, which times each ``forward`` call, and the sum is
-  subtracted from the wall time of ``generate``.
+* the reference loop: the same definition -- both models are wrapped in
+  :class:`specdec.cli.measure.TimedModel`, which times each ``forward`` call, and
+  the sum is subtracted from the wall time of ``generate``.
+
+Both come from :mod:`specdec.cli.measure`, the harness ``specdec bench`` uses too.
+
+The reference loop is ``--reference PATH``, else ``$SPECDEC_REFERENCE``, else
+``shared/reference/speculative_decoding.py`` beside the repository; its cells skip
+when it is absent.
 
 The wall time per token is recorded as well (``wall_us_per_token``); with these
 models the two differ by a few percent at most.
@@ -36,6 +42,7 @@ models the two differ by a few percent at most.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -43,13 +50,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec import SpeculativeDecoder
 from specdec._backend import kernels_for
-from specdec._benchmodels import load_reference, make_pair
+from specdec.cli.bench_models import make_pair
+from specdec.cli.measure import load_reference, reference_run, specdec_run
 
-#: The reference loop, beside the checkout: never copied into the project.
-REFERENCE_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference"
-REFERENCE_FILE = REFERENCE_DIR / "speculative_decoding.py"
+#: The reference loop, beside the repository: never copied into the project.
+DEFAULT_REFERENCE = (
+    Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "speculative_decoding.py"
+)
 
 #: Tokens of prompt before the generated ones (the table rows they occupy are unused).
 PROMPT = list(range(16))
@@ -86,14 +94,30 @@ def pytest_collect_file(file_path, parent):
     return None
 
 
+def pytest_addoption(parser):
+    try:
+        parser.addoption("--reference", metavar="PATH",
+                         help="the reference speculative_decoding.py (default: "
+                         "$SPECDEC_REFERENCE, else shared/reference/ beside the repository)")
+    except ValueError:
+        pass  # tests/conftest.py, collected in the same run, declares it already
+
+
 # --- the implementations ---------------------------------------------------------------
 
+def reference_file(config) -> Path:
+    """Where the reference loop is: ``--reference``, ``$SPECDEC_REFERENCE`` or the default."""
+    named = config.getoption("--reference", None) or os.environ.get("SPECDEC_REFERENCE")
+    return Path(named) if named else DEFAULT_REFERENCE
+
+
 @pytest.fixture(scope="session")
-def reference():
-    """The reference module, or a skip when ``../shared/reference`` is absent."""
-    if not REFERENCE_FILE.is_file():
-        pytest.skip(f"reference loop not found at {REFERENCE_FILE}")
-    return load_reference(REFERENCE_FILE)
+def reference(request):
+    """The reference module, or a skip when its file is absent."""
+    path = reference_file(request.config)
+    if not path.is_file():
+        pytest.skip(f"reference loop not found at {path}")
+    return load_reference(path)
 
 
 def kernels_or_fail(backend: str):
@@ -122,24 +146,6 @@ def model_pair(vocab_size: int, acceptance: float, length: int):
             _PAIRS.pop(next(iter(_PAIRS)))
         _PAIRS[key] = make_pair(vocab_size, acceptance, length, seed=SEED)
     return _PAIRS[key]
-
-
-class TimedModel:
-    """Wraps a model and adds up the time spent in its ``forward``.
-
-    Used for the reference loop, which does not measure its own split.
-    """
-
-    def __init__(self, model):
-        self.model = model
-        self.vocab_size = model.vocab_size
-        self.elapsed = 0.0
-
-    def forward(self, ids):
-        start = time.perf_counter()
-        out = self.model.forward(ids)
-        self.elapsed += time.perf_counter() - start
-        return out
 
 
 # --- one decoder cell --------------------------------------------------------------------
@@ -213,40 +219,26 @@ def run_decoder_cell(benchmark, impl: str, *, vocab_size: int, acceptance: float
     if impl == "reference":
         if controls:
             raise ValueError("the reference loop has no top-k / top-p / min-p")
-        timed_draft, timed_target = TimedModel(draft), TimedModel(target)
-        decoder = reference_module.SpeculativeDecoder(gamma, 1.0)
-
-        def setup():
-            if probe:
-                probe.probe()
-            timed_draft.elapsed = timed_target.elapsed = 0.0
-            np.random.seed(SEED)  # the reference draws from NumPy's global state
-            return (), {}
-
-        def once():
-            start = time.perf_counter()
-            _, stats = decoder.generate(timed_draft, timed_target, PROMPT, max_new_tokens)
-            wall = time.perf_counter() - start
-            outcomes.append((wall, wall - timed_draft.elapsed - timed_target.elapsed, stats))
+        run = reference_run(reference_module, draft, target, PROMPT, max_new_tokens, gamma,
+                            seed=SEED)
     else:
         kernels_or_fail(impl)
-        decoder = SpeculativeDecoder(gamma, 1.0, backend=impl, **controls)
+        run = specdec_run(draft, target, PROMPT, max_new_tokens, gamma, seed=SEED,
+                          backend=impl, **controls)
 
-        def setup():
-            if probe:
-                probe.probe()
-            return (), {"rng": np.random.default_rng(SEED)}
+    def setup():
+        if probe:
+            probe.probe()
+        return (), {}
 
-        def once(rng):
-            start = time.perf_counter()
-            _, stats = decoder.generate(draft, target, PROMPT, max_new_tokens, rng=rng)
-            wall = time.perf_counter() - start
-            outcomes.append((wall, stats.decoder_time, stats))
+    def once():
+        outcomes.append(run())
 
     outcomes: list = []
     benchmark.pedantic(once, setup=setup, rounds=rounds, warmup_rounds=warmup_rounds)
     # Drop the warm-up rounds (and any extra calls, e.g. --benchmark-cprofile's).
-    timed = outcomes[warmup_rounds:warmup_rounds + rounds] or outcomes
+    timed = [(o.wall, o.decoder, o.stats)
+             for o in outcomes[warmup_rounds:warmup_rounds + rounds] or outcomes]
 
     stats = timed[-1][2]  # every round made the same decisions (same seed)
     tokens = stats.total_tokens_generated

@@ -6,6 +6,7 @@ pure-Python twin.  The compiled run *fails* when ``specdec._core`` is missing; o
 """
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +32,34 @@ def kernels(backend):
 
 def pytest_report_header(config):
     return f"specdec {specdec.__version__}: default backend {specdec.BACKEND}, testing {BACKENDS}"
+
+
+# --- the reference loop -------------------------------------------------------------------
+# It lives beside the repository (never copied into it, never looked for by the package):
+# ``--reference PATH`` or $SPECDEC_REFERENCE name it, else ../shared/reference/ from the
+# repository root.  Tests that need it skip when it is absent.
+
+DEFAULT_REFERENCE = (
+    Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "speculative_decoding.py"
+)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--reference",
+        metavar="PATH",
+        help="the reference speculative_decoding.py (default: $SPECDEC_REFERENCE, else "
+        "../shared/reference/speculative_decoding.py beside the repository)",
+    )
+
+
+@pytest.fixture(scope="session")
+def reference_path(request) -> Path:
+    """The reference loop's file; a skip when it is absent, a failure when named but missing."""
+    named = request.config.getoption("--reference") or os.environ.get("SPECDEC_REFERENCE")
+    path = Path(named) if named else DEFAULT_REFERENCE
+    if not path.is_file():
+        if named:
+            pytest.fail(f"the reference named by --reference / SPECDEC_REFERENCE is missing: {path}")
+        pytest.skip(f"the reference loop is not beside this checkout ({path})")
+    return path

@@ -13,8 +13,9 @@
   forced (one-hot) models, and near-greedy decoding.
 
 Every behavioural test runs on both backends (``backend`` fixture).  The reference
-loop is imported by path from ``SPECDEC_REFERENCE`` (default
-``/work/shared/reference/speculative_decoding.py``); its tests skip when it is absent.
+loop is imported by path (the ``reference_path`` fixture of conftest.py: ``--reference``,
+``SPECDEC_REFERENCE``, or ``shared/reference/`` beside the repository); its tests skip
+when it is absent.
 """
 
 from __future__ import annotations
@@ -22,17 +23,12 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
-import os
-import pathlib
 
 import numpy as np
 import pytest
 
 from specdec import SpeculativeDecoder, SpeculativeDecodingStats, sample
 from toymodels import ContextModel
-
-REFERENCE_PATH = pathlib.Path(
-    os.environ.get("SPECDEC_REFERENCE", "/work/shared/reference/speculative_decoding.py"))
 
 DTYPES = [np.float32, np.float64]
 
@@ -41,11 +37,9 @@ DTYPES = [np.float32, np.float64]
 
 
 @pytest.fixture(scope="module")
-def reference():
+def reference(reference_path):
     """The reference loop's module, imported by path (never copied into the project)."""
-    if not REFERENCE_PATH.is_file():
-        pytest.skip(f"reference loop not found at {REFERENCE_PATH}")
-    spec = importlib.util.spec_from_file_location("_specdec_reference_loop", REFERENCE_PATH)
+    spec = importlib.util.spec_from_file_location("_specdec_reference_loop", reference_path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

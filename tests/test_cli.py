@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import specdec
-from specdec import _benchmodels, cli, ngram
+from specdec import cli
+from specdec.cli import bench_models, demo, demo_models, measure, ngram_data, ngram_models, output
+from specdec.cli.options import MAX_TOKENS, MAX_VOCAB
 
 # Small runs: the whole file should take seconds, not minutes.
 DEMO = ["demo", "--max-tokens", "24", "--target-latency-ms", "0.2", "--no-progress"]
@@ -37,7 +40,7 @@ def model_cache(tmp_path_factory):
     directory = tmp_path_factory.mktemp("specdec-cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECDEC_CACHE_DIR", str(directory))
-        ngram.load_default_models()
+        ngram_data.load_default_models()
         yield directory
 
 
@@ -97,11 +100,11 @@ def test_demo_json_schema(capsys, backend):
         "draft_latency_ms": 0.0,
     }
     assert report["model"]["name"] == "ngram" and report["model"]["vocab_size"] == 256
-    assert report["prompt"] == cli.DEFAULT_PROMPT
-    assert report["prompt_tokens"] == len(ngram.encode(cli.DEFAULT_PROMPT))
+    assert report["prompt"] == demo.DEFAULT_PROMPT
+    assert report["prompt_tokens"] == len(ngram_data.encode(demo.DEFAULT_PROMPT))
     spec, ar = report["speculative"], report["autoregressive"]
     for part in (spec, ar):
-        assert set(cli.STATS_FIELDS) <= set(part)
+        assert set(demo.STATS_FIELDS) <= set(part)
         assert {
             "text",
             "accepted_length_histogram",
@@ -139,6 +142,43 @@ def test_demo_greedy_and_filters(capsys):
     report = run_json([*DEMO, "--temperature", "0", "--top-p", "0.9", "--min-p", "0.05"], capsys)
     # At temperature 0 both runs are the target's greedy continuation.
     assert report["speculative"]["text"] == report["autoregressive"]["text"]
+    assert report["exactness"] == {
+        "guarantee": "identical",
+        "identical": True,
+        "first_difference": None,
+    }
+
+
+def test_demo_shows_both_texts_and_says_they_are_identical_at_temperature_0(capsys):
+    code, out, err = run([*DEMO, "--temperature", "0", "--prompt", "import os\n"], capsys)
+    assert code == 0, err
+    spec = out.split("tokens from speculative decoding ---\n")[1].split("\n--- prompt + ")[0]
+    plain = out.split("tokens from plain sampling (the target alone) ---\n")[1]
+    plain = plain.split("\n--- end ---")[0]
+    assert spec.startswith("import os\n") and spec == plain
+    assert "the two texts are identical, as they must be" in out
+
+
+def test_demo_says_what_exactness_means_above_temperature_0(capsys):
+    code, out, err = run([*DEMO, "--temperature", "1", "--seed", "5"], capsys)
+    assert code == 0, err
+    assert "tokens from plain sampling (the target alone) ---" in out
+    assert "draws from the same distribution" in out
+    assert "The same seed does not give the same text" in out
+    report = run_json([*DEMO, "--temperature", "1", "--seed", "5"], capsys)
+    exactness = report["exactness"]
+    assert exactness["guarantee"] == "same distribution"
+    same = report["speculative"]["text"] == report["autoregressive"]["text"]
+    assert exactness["identical"] == same
+    assert (exactness["first_difference"] is None) == same
+
+
+def test_exactness_finds_the_first_difference():
+    assert demo._exactness([9, 1, 2, 3], [9, 1, 2, 3], 1, 0.0)["identical"]
+    different = demo._exactness([9, 1, 5, 3], [9, 1, 2, 3], 1, 0.0)
+    assert different == {"guarantee": "identical", "identical": False, "first_difference": 1}
+    shorter = demo._exactness([9, 1, 2], [9, 1, 2, 3], 1, 0.5)  # one run stopped at EOS
+    assert shorter["first_difference"] == 2 and shorter["guarantee"] == "same distribution"
 
 
 def test_demo_as_a_module_subprocess(model_cache):
@@ -183,7 +223,7 @@ def test_ctrl_c_exits_130_without_traceback(capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ngram, "load_default_models", interrupted)
+    monkeypatch.setattr(ngram_data, "load_default_models", interrupted)
     code, out, err = run(DEMO, capsys)
     assert code == 130 and out == ""
     assert "Traceback" not in err
@@ -212,12 +252,48 @@ def test_ctrl_c_exits_130_without_traceback(capsys, monkeypatch):
         ["bench", "--vocab", "x"],
         ["bench", "--acceptance", "1.0"],
         ["bench", "--json", "--markdown"],
+        # Values that used to end in a traceback (sleep overflow, index overflow,
+        # allocation failure) or hang: refused by the bounds, before any work.
+        ["demo", "--target-latency-ms", "1e300"],
+        ["demo", "--draft-latency-ms", "1e300"],
+        ["demo", "--gamma", str(2**64)],
+        ["demo", "--max-tokens", str(10**20)],
+        ["demo", "--seed", str(2**32)],
+        ["demo", "--model", "x.gguf", "--max-tokens", str(MAX_TOKENS)],  # context too large
+        ["bench", "--gamma", str(2**64)],
+        ["bench", "--vocab", "1"],
+        ["bench", "--vocab", str(10**11)],
+        ["bench", "--max-tokens", str(10**20)],
+        ["bench", "--seed", str(2**32)],  # the reference seeds NumPy's 32-bit legacy generator
+        ["bench", "--repeats", str(10**9)],
     ],
 )
 def test_bad_options_exit_2_with_one_line(capsys, argv):
     code, out, err = run(argv, capsys)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("specdec: error: ")
+
+
+def test_prompt_that_cannot_be_encoded_exits_2(capsys):
+    # A lone surrogate (what Python makes of undecodable bytes in argv) has no UTF-8.
+    code, out, err = run([*DEMO, "--prompt", "def f(\udc80):"], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "--prompt" in err and "UTF-8" in err
+
+
+def test_bench_tables_that_do_not_fit_in_memory_exit_2(capsys):
+    code, out, err = run(
+        ["bench", "--vocab", str(MAX_VOCAB), "--max-tokens", str(MAX_TOKENS)], capsys
+    )
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "needs about" in err and "GB" in err
+
+
+def test_bench_unreachable_acceptance_exits_2(capsys):
+    # Two tokens cannot be made to disagree that much by calibrated noise.
+    code, out, err = run([*BENCH, "--vocab", "2", "--acceptance", "0.001"], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "cannot reach acceptance 0.001" in err
 
 
 def test_help_and_version(capsys):
@@ -261,17 +337,85 @@ def test_bench_table_and_markdown(capsys):
     assert all(line.count("|") == table[0].count("|") for line in table)
 
 
-def test_bench_with_the_reference(capsys, tmp_path):
-    reference = _benchmodels.find_reference()
-    if reference is None:
-        pytest.skip("the reference loop is not beside this checkout")
-    report = run_json([*BENCH[:-1], "--reference", str(reference), "--vocab", "800"], capsys)
+def test_bench_with_the_reference(capsys, reference_path):
+    report = run_json([*BENCH[:-1], "--reference", str(reference_path), "--vocab", "800"], capsys)
     (cell,) = report["results"]
     assert report["implementations"][0] == "reference"
-    assert cell["results"]["reference"]["us_per_token"] > 0
-    assert cell["results"]["reference"]["decoder_us_per_token"] is None  # not measured there
+    assert report["reference"] == str(reference_path)
+    measured = cell["results"]["reference"]
+    # The same harness as specdec's columns: wall time, and the time outside the models.
+    assert 0 < measured["decoder_us_per_token"] <= measured["us_per_token"]
     if "cython" in report["implementations"]:
         assert cell["ratios"]["reference/compiled"] > 0
+
+
+def test_bench_reference_from_the_environment(capsys, monkeypatch, tmp_path):
+    reference = tmp_path / "ref.py"
+    reference.write_text(_REFERENCE_STUB)
+    monkeypatch.setenv("SPECDEC_REFERENCE", str(reference))
+    report = run_json([*BENCH[:-1], "--vocab", "800"], capsys)
+    assert report["reference"] == str(reference) and report["implementations"][0] == "reference"
+    # --no-reference wins over the environment.
+    report = run_json([*BENCH, "--vocab", "800"], capsys)
+    assert report["reference"] is None and "reference" not in report["implementations"]
+    monkeypatch.setenv("SPECDEC_REFERENCE", str(tmp_path / "gone.py"))
+    code, out, err = run([*BENCH[:-1], "--vocab", "800"], capsys)
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert "SPECDEC_REFERENCE" in err and "gone.py" in err
+
+
+def test_bench_without_a_reference_measures_specdec_only(capsys, monkeypatch, tmp_path):
+    # Nothing is looked for: not beside the checkout, not from the working directory.
+    monkeypatch.delenv("SPECDEC_REFERENCE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    report = run_json([*BENCH[:-1], "--vocab", "800"], capsys)
+    assert report["reference"] is None and "reference" not in report["implementations"]
+
+
+# A minimal reference loop: one target token per step, from NumPy's global generator.
+_REFERENCE_STUB = """
+import numpy as np
+
+class Stats:
+    acceptance_rate = 0.0
+    tokens_per_step = 1.0
+
+class SpeculativeDecoder:
+    def __init__(self, gamma=4, temperature=1.0):
+        pass
+
+    def generate(self, draft, target, prompt, max_new_tokens):
+        ids = list(prompt)
+        for _ in range(max_new_tokens):
+            logits = target.forward(np.array([ids]))[0, -1]
+            ids.append(int(np.random.randint(len(logits))))
+        return ids, Stats()
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("import sys\nsys.exit(3)\n", "sys.exit(3)"),
+        ("raise RuntimeError('broken at import')\n", "broken at import"),
+        ("x = 1\n", "defines no SpeculativeDecoder"),
+        (
+            _REFERENCE_STUB.replace("ids = list(prompt)", "raise RuntimeError('boom')"),
+            "generate failed: RuntimeError('boom')",
+        ),
+        (
+            _REFERENCE_STUB.replace("ids = list(prompt)", "import sys; sys.exit(4)"),
+            "generate failed: sys.exit(4)",
+        ),
+    ],
+    ids=["exit-at-import", "raise-at-import", "no-decoder", "generate-raises", "generate-exits"],
+)
+def test_bench_broken_reference_is_a_one_line_failure(capsys, tmp_path, source, message):
+    reference = tmp_path / "ref.py"
+    reference.write_text(source)
+    code, out, err = run([*BENCH[:-1], "--reference", str(reference)], capsys)
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("specdec: error: ") and message in err
 
 
 def test_bench_missing_reference_file_is_an_error(capsys, tmp_path):
@@ -304,13 +448,13 @@ class _Terminal(io.StringIO):
 
 def test_progress_bar_only_on_a_terminal(monkeypatch):
     monkeypatch.setattr(sys, "stderr", io.StringIO())
-    bar = cli._Progress("x", 10, delay=0.0)
+    bar = output.Progress("x", 10, delay=0.0)
     bar.update(3)
     bar.close()
     assert sys.stderr.getvalue() == ""
 
     monkeypatch.setattr(sys, "stderr", _Terminal())
-    bar = cli._Progress("x", 10, delay=0.0)
+    bar = output.Progress("x", 10, delay=0.0)
     bar.update(3)
     assert "3/10 tokens" in sys.stderr.getvalue()
     bar.close()
@@ -320,13 +464,11 @@ def test_progress_bar_only_on_a_terminal(monkeypatch):
 
 
 def test_generated_control_characters_are_escaped():
-    assert cli._printable("a\x1b[2Jb\n\tc\x00") == "a\\x1b[2Jb\n\tc\\x00"
+    assert output.printable("a\x1b[2Jb\n\tc\x00") == "a\\x1b[2Jb\n\tc\\x00"
 
 
 def test_instrumented_model_slices_for_models_without_logits_to_keep():
-    import numpy as np
-
-    model = ngram.NGramModel.train(b"abcabcabd" * 10, 2)
+    model = ngram_models.NGramModel.train(b"abcabcabd" * 10, 2)
 
     class Whole:  # the protocol's minimum: full logits only
         vocab_size = 256
@@ -335,8 +477,8 @@ def test_instrumented_model_slices_for_models_without_logits_to_keep():
             return model.forward(ids)
 
     calls = []
-    wrapped = cli._InstrumentedModel(Whole(), on_call=lambda length, n: calls.append((length, n)))
-    ids = np.array([ngram.encode("abcab")])
+    wrapped = demo_models.InstrumentedModel(Whole(), on_call=lambda length, n: calls.append((length, n)))
+    ids = np.array([ngram_data.encode("abcab")])
     np.testing.assert_array_equal(wrapped.forward(ids, logits_to_keep=2), model.forward(ids)[:, 3:])
     assert wrapped.forward(ids).shape == (1, 5, 256)
     assert calls == [(5, 2), (5, None)]
@@ -346,9 +488,7 @@ def test_instrumented_model_slices_for_models_without_logits_to_keep():
 
 
 def test_table_model_returns_views():
-    import numpy as np
-
-    draft, target, info = _benchmodels.make_pair(2000, 0.7, 20, seed=1)
+    draft, target, info = bench_models.make_pair(2000, 0.7, 20, seed=1)
     assert abs(info["acceptance"] - 0.7) < 0.03
     ids = np.zeros((1, 12), dtype=np.int64)
     rows = target.forward(ids, logits_to_keep=3)
@@ -360,22 +500,20 @@ def test_table_model_returns_views():
 
 
 def test_calibrated_acceptance_shows_in_the_decoder(backend):
-    draft, target, _ = _benchmodels.make_pair(1000, 0.6, 600, seed=2)
+    draft, target, _ = bench_models.make_pair(1000, 0.6, 600, seed=2)
     decoder = specdec.SpeculativeDecoder(1, 1.0, seed=0, backend=backend)
     _, stats = decoder.generate(draft, target, [0], max_new_tokens=590)
     # With gamma = 1 the fraction of drafts kept is the per-token acceptance.
     assert abs(stats.acceptance_rate - 0.6) < 0.08
 
 
-def test_find_reference_searches_upwards(tmp_path):
-    reference = tmp_path / "shared" / "reference" / "speculative_decoding.py"
-    reference.parent.mkdir(parents=True)
-    reference.write_text("class SpeculativeDecoder:\n    pass\n")
-    deep = tmp_path / "checkout" / "bench" / "deeper"
-    deep.mkdir(parents=True)
-    assert _benchmodels.find_reference(deep) == reference.resolve()
-    assert hasattr(_benchmodels.load_reference(reference), "SpeculativeDecoder")
-    empty = tmp_path / "elsewhere.py"
-    empty.write_text("x = 1\n")
-    with pytest.raises(ImportError, match="SpeculativeDecoder"):
-        _benchmodels.load_reference(empty)
+def test_load_reference_and_timed_model(tmp_path):
+    reference = tmp_path / "ref.py"
+    reference.write_text(_REFERENCE_STUB)
+    module = measure.load_reference(reference)
+    draft, target, _ = bench_models.make_pair(300, 0.5, 40, seed=0)
+    outcome = measure.reference_run(module, draft, target, [0, 1], 5, 2, seed=1)()
+    assert outcome.tokens == 5 and 0 < outcome.decoder <= outcome.wall
+    timed = measure.TimedModel(target)
+    timed.forward(np.zeros((1, 3), dtype=np.int64))
+    assert timed.elapsed > 0 and timed.vocab_size == 300

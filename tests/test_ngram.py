@@ -1,11 +1,13 @@
-"""Tests of the n-gram language models in specdec.ngram."""
+"""Tests of the demo's n-gram language models (specdec.cli.ngram_models, ngram_data)."""
 
+import re
 from collections import Counter
 
 import numpy as np
 import pytest
 
-from specdec import ngram
+from specdec.cli import ngram_data as ngram
+from specdec.cli.ngram_models import NGramModel, _discounts
 
 # Small enough to train in well under a second, large enough for a 5-gram to
 # beat a trigram on held-out text.
@@ -24,7 +26,7 @@ def heldout():
 
 @pytest.fixture(scope="module")
 def models(corpus):
-    return {order: ngram.NGramModel.train(corpus, order) for order in (1, 3, 5)}
+    return {order: NGramModel.train(corpus, order) for order in (1, 3, 5)}
 
 
 def _ids(text: str) -> np.ndarray:
@@ -105,11 +107,32 @@ def test_forward_accepts_readonly_int64_and_rejects_bad_input(models):
         models[3].forward(np.array([[1, 256]]))
 
 
-def test_context_is_order_minus_one_tokens(models):
-    # A trigram sees two bytes: anything earlier must not change its prediction.
-    a = models[3].forward(_ids("xyz = ab"), logits_to_keep=1)
-    b = models[3].forward(_ids("q = 1; ab"), logits_to_keep=1)
-    np.testing.assert_array_equal(a, b)
+def _two_bytes_before(corpus: bytes, suffix: bytes) -> tuple[int, int]:
+    """The two bytes that most often precede *suffix* in the corpus."""
+    found = re.finditer(re.escape(suffix), corpus)
+    before = Counter(corpus[m.start() - 1] for m in found if m.start() > 0)
+    (a, _), (b, _) = before.most_common(2)
+    return a, b
+
+
+@pytest.mark.parametrize("order", [3, 5])
+def test_context_is_order_minus_one_tokens(models, corpus, order):
+    # An n-gram model sees the last n - 1 bytes: changing the byte just before
+    # them must not change its prediction, changing the oldest of them must.
+    # Both edits sit right at the boundary, and every context involved occurs
+    # in the training text (so no back-off hides a difference): a model that
+    # saw one byte more or one byte fewer fails.
+    model, seen = models[order], order - 1
+    suffix = b"self._name"[-seen:]
+    a, b = _two_bytes_before(corpus, suffix)
+    c, d = _two_bytes_before(corpus, suffix[1:])
+
+    def last_row(data: bytes):
+        return model.forward(np.array([list(b"x = " + data)]), logits_to_keep=1)
+
+    np.testing.assert_array_equal(last_row(bytes([a]) + suffix), last_row(bytes([b]) + suffix))
+    oldest_seen = [bytes([x]) + suffix[1:] for x in (c, d)]
+    assert not np.array_equal(last_row(oldest_seen[0]), last_row(oldest_seen[1]))
 
 
 # -- agreement with a direct implementation -----------------------------------
@@ -124,7 +147,7 @@ def _naive_kneser_ney(tokens, order, vocab_size):
     tables = {}
     for k in range(1, order + 1):
         counts = grams[k] if k == order else Counter(g[1:] for g in grams[k + 1])
-        discounts = ngram._discounts(np.array(list(counts.values())))
+        discounts = _discounts(np.array(list(counts.values())))
         by_context = {}
         for gram, c in counts.items():
             by_context.setdefault(gram[:-1], {})[gram[-1]] = c
@@ -156,7 +179,7 @@ def test_matches_a_direct_kneser_ney_implementation():
     # repeated contexts and every count class occurs.
     tokens = list(np.cumsum(rng.integers(-1, 2, size=3000)) % 7)
     order, vocab_size = 4, 9
-    model = ngram.NGramModel.train(tokens, order, vocab_size=vocab_size)
+    model = NGramModel.train(tokens, order, vocab_size=vocab_size)
     naive = _naive_kneser_ney(tokens, order, vocab_size)
     sequence = [int(t) for t in tokens[:40]] + [8, 8, 3]  # 8 never occurs in training
     probs = model.probabilities(sequence, np.arange(len(sequence)))
@@ -170,20 +193,20 @@ def test_discounts_follow_chen_goodman():
     counts = np.array([1] * 50 + [2] * 20 + [3] * 10 + [4] * 5 + [9] * 3)
     y = 50 / (50 + 2 * 20)
     expected = [1 - 2 * y * 20 / 50, 2 - 3 * y * 10 / 20, 3 - 4 * y * 5 / 10]
-    np.testing.assert_allclose(ngram._discounts(counts), expected)
+    np.testing.assert_allclose(_discounts(counts), expected)
     # Degenerate tables (no count 2) still get positive discounts.
-    assert (ngram._discounts(np.array([1, 1, 5])) > 0).all()
+    assert (_discounts(np.array([1, 1, 5])) > 0).all()
 
 
 def test_token_level_model_with_a_large_vocabulary():
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, 50_000, size=5000)
-    model = ngram.NGramModel.train(tokens, 3, vocab_size=50_000)
+    model = NGramModel.train(tokens, 3, vocab_size=50_000)
     logits = model.forward(tokens[None, :10], logits_to_keep=2)
     assert logits.shape == (1, 2, 50_000)
     np.testing.assert_allclose(np.exp(logits.astype(np.float64)).sum(-1), 1.0, rtol=1e-5)
     with pytest.raises(ValueError, match="64-bit"):
-        ngram.NGramModel.train(tokens, 5, vocab_size=50_000)
+        NGramModel.train(tokens, 5, vocab_size=50_000)
 
 
 # -- the cache -------------------------------------------------------------------
@@ -221,7 +244,7 @@ def test_corrupt_cache_file_is_retrained(corpus, tmp_path):
     assert not cached
     ids = _ids("abc")
     np.testing.assert_array_equal(again.forward(ids), model.forward(ids))
-    assert ngram.NGramModel.load(path).fingerprint == model.fingerprint
+    assert NGramModel.load(path).fingerprint == model.fingerprint
 
 
 def test_cache_dir_honours_environment(monkeypatch, tmp_path):

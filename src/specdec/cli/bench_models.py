@@ -1,4 +1,4 @@
-"""Zero-cost models and the reference loop, shared by ``specdec bench`` and bench/.
+"""Zero-cost models, shared by ``specdec bench`` and the suites in bench/.
 
 To measure what the *decoder* costs per token, the models must cost nothing:
 :class:`TableModel` answers every forward pass with a view of a precomputed
@@ -8,14 +8,10 @@ table whose per-token acceptance probability is calibrated to a requested
 value, because how many tokens a step keeps changes how much work the decoder
 does per generated token.
 
-This module is private: its interface may change with the benchmarks.
+Its interface may change with the benchmarks.
 """
 
 from __future__ import annotations
-
-import importlib.util
-import os
-from pathlib import Path
 
 import numpy as np
 
@@ -23,13 +19,8 @@ __all__ = [
     "TableModel",
     "acceptance_probability",
     "make_pair",
-    "find_reference",
-    "load_reference",
-    "REFERENCE_RELPATH",
+    "pair_bytes",
 ]
-
-#: Where the reference loop lives relative to a checkout: beside it, in shared/.
-REFERENCE_RELPATH = Path("..", "shared", "reference", "speculative_decoding.py")
 
 # Spread of the draft's logits.  Normal logits with this scale give a
 # distribution neither flat nor one-hot, like a language model's mid-sentence.
@@ -175,52 +166,19 @@ def make_pair(
     return TableModel(draft), TableModel(target), {"sigma": sigma, "acceptance": achieved}
 
 
-def find_reference(start: str | os.PathLike | None = None) -> Path | None:
-    """Look for the reference loop beside the checkout.
+def pair_bytes(vocab_size: int, length: int) -> int:
+    """Peak memory :func:`make_pair` needs, in bytes: four float32 tables.
+
+    The draft, its noise, the target's noise and the target exist at once
+    while the target is built.
 
     Parameters
     ----------
-    start : path-like, optional
-        Directory to start from; defaults to the current directory.
+    vocab_size, length : int
+        As for :func:`make_pair`.
 
     Returns
     -------
-    pathlib.Path or None
-        The first ``<dir>/../shared/reference/speculative_decoding.py`` that
-        exists, for *start* and each of its parents; None if there is none.
+    int
     """
-    here = Path(start if start is not None else os.getcwd()).resolve()
-    for directory in (here, *here.parents):
-        candidate = (directory / REFERENCE_RELPATH).resolve()
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def load_reference(path: str | os.PathLike):
-    """Import the reference implementation from a file.
-
-    Parameters
-    ----------
-    path : path-like
-        A Python file defining ``SpeculativeDecoder``.
-
-    Returns
-    -------
-    module
-        The loaded module (not added to ``sys.modules``).
-
-    Raises
-    ------
-    ImportError
-        If the file cannot be loaded or defines no ``SpeculativeDecoder``.
-    """
-    path = Path(path)
-    spec = importlib.util.spec_from_file_location("_specdec_reference", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "SpeculativeDecoder"):
-        raise ImportError(f"{path} defines no SpeculativeDecoder")
-    return module
+    return 4 * length * vocab_size * np.dtype(np.float32).itemsize

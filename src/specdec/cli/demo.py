@@ -1,0 +1,405 @@
+"""``specdec demo``: speculative decoding end to end, beside plain sampling.
+
+Both runs use the same target, controls and seed.  The demo prints both texts
+and says what exactness means for them: at temperature 0 they must be
+identical; above it they are draws from the same law, which the same seed does
+not make the same text (speculative decoding uses the random stream
+differently).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import specdec
+from specdec.cli import demo_models
+from specdec.cli.options import (
+    MAX_GAMMA,
+    MAX_LATENCY_MS,
+    MAX_SEED,
+    MAX_TOKENS,
+    CLIError,
+    UsageError,
+    number,
+)
+from specdec.cli.output import Progress, bar_chart, print_json, printable, row
+
+__all__ = ["configure", "run_demo", "DEFAULT_PROMPT", "STATS_FIELDS", "MAX_GGUF_CONTEXT"]
+
+DEFAULT_PROMPT = 'def read_config(path):\n    """'
+#: llama.cpp keeps a row of logits per context position (``n_ctx * V`` floats,
+#: some 6 GB at 32,768 positions and V = 49,152), for the target and the draft.
+MAX_GGUF_CONTEXT = 32_768
+STATS_FIELDS = (
+    "total_tokens_generated",
+    "total_draft_tokens_proposed",
+    "total_draft_tokens_accepted",
+    "num_target_forward_passes",
+    "num_draft_forward_passes",
+    "draft_time",
+    "target_time",
+    "decoder_time",
+)
+
+_latency = number(
+    float, lo=0.0, hi=MAX_LATENCY_MS, what=f"a number of milliseconds in [0, {MAX_LATENCY_MS:g}]"
+)
+
+
+def _prompt(text: str) -> str:
+    """The prompt, if it can be encoded as UTF-8 (both tokenizers need that)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise argparse.ArgumentTypeError(
+            f"expected text that can be encoded as UTF-8, got {text!r} "
+            f"({error.reason} at position {error.start})"
+        ) from None
+    return text
+
+
+def _model_spec(text: str) -> str:
+    if text in ("ngram", "smollm2") or text.endswith(".gguf"):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"expected 'ngram', 'smollm2' or a path to a .gguf file, got {text!r}"
+    )
+
+
+def configure(demo) -> None:
+    """Add the ``demo`` options to its subparser."""
+    demo.add_argument(
+        "--prompt",
+        type=_prompt,
+        default=DEFAULT_PROMPT,
+        help="text to continue (default: %(default)r)",
+    )
+    demo.add_argument(
+        "--max-tokens",
+        metavar="N",
+        type=number(int, lo=1, hi=MAX_TOKENS, what=f"an integer in [1, {MAX_TOKENS}]"),
+        default=200,
+        help="tokens to generate (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--gamma",
+        metavar="N",
+        type=number(int, lo=1, hi=MAX_GAMMA, what=f"an integer in [1, {MAX_GAMMA}]"),
+        default=4,
+        help="draft tokens per target pass (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--temperature",
+        metavar="T",
+        type=number(float, lo=0.0, what="a number >= 0"),
+        default=0.8,
+        help="sampling temperature; 0 is greedy (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--seed",
+        metavar="N",
+        type=number(int, lo=0, hi=MAX_SEED, what="an integer in [0, 2**32)"),
+        default=0,
+        help="random seed (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--backend",
+        choices=("cython", "python"),
+        help=f"kernel backend (default: {specdec.BACKEND})",
+    )
+    demo.add_argument(
+        "--top-k",
+        metavar="K",
+        type=number(int, lo=1, what="an integer >= 1"),
+        help="keep the k most likely tokens",
+    )
+    demo.add_argument(
+        "--top-p",
+        metavar="P",
+        type=number(float, lo=0.0, hi=1.0, lo_open=True, what="a number in (0, 1]"),
+        help="keep the smallest set holding this much probability",
+    )
+    demo.add_argument(
+        "--min-p",
+        metavar="P",
+        type=number(float, lo=0.0, hi=1.0, hi_open=True, what="a number in [0, 1)"),
+        help="drop tokens less likely than this times the most likely one",
+    )
+    demo.add_argument(
+        "--model",
+        type=_model_spec,
+        default="ngram",
+        metavar="{ngram,smollm2,PATH.gguf}",
+        help="target model (default: %(default)s: byte-level n-grams, with their own draft); "
+        "smollm2 and GGUF files need llama-cpp-python",
+    )
+    demo.add_argument(
+        "--draft-model",
+        type=_model_spec,
+        metavar="{ngram,smollm2,PATH.gguf}",
+        help="draft for a GGUF target, sharing its tokenizer (default: a second copy of the "
+        "target); 'ngram' is a token trigram trained on the stdlib with the target's tokenizer",
+    )
+    demo.add_argument(
+        "--target-latency-ms",
+        type=_latency,
+        metavar="MS",
+        help="simulated extra cost of each target forward pass, standing in for a large model "
+        f"(default: {demo_models.DEFAULT_NGRAM_TARGET_LATENCY_MS:g} with n-gram models, "
+        "0 otherwise)",
+    )
+    demo.add_argument(
+        "--draft-latency-ms",
+        type=_latency,
+        default=0.0,
+        metavar="MS",
+        help="simulated extra cost of each draft forward pass (default: %(default)s)",
+    )
+    demo.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+    demo.add_argument(
+        "--json", action="store_true", help="print a JSON report and nothing else on stdout"
+    )
+    demo.set_defaults(run=run_demo, validate=_validate)
+
+
+def _gguf_context(args) -> int:
+    # A token is at least one byte, so this context holds the prompt, the new
+    # tokens and a draft window in flight.
+    return len(args.prompt.encode()) + args.max_tokens + args.gamma + 8
+
+
+def _validate(args) -> None:
+    """Checks that involve several options (argparse checks one at a time)."""
+    if args.model == "ngram":
+        if args.draft_model not in (None, "ngram"):
+            raise UsageError("--draft-model needs a GGUF --model (smollm2 or PATH.gguf)")
+    elif _gguf_context(args) > MAX_GGUF_CONTEXT:
+        raise UsageError(
+            f"--prompt and --max-tokens need a context of {_gguf_context(args)} tokens; "
+            f"GGUF models here allow at most {MAX_GGUF_CONTEXT}"
+        )
+
+
+def _stats_dict(stats, wall_time: float) -> dict:
+    out = {name: getattr(stats, name) for name in STATS_FIELDS}
+    out["accepted_length_histogram"] = [int(x) for x in stats.accepted_length_histogram]
+    out["acceptance_rate"] = stats.acceptance_rate
+    out["tokens_per_step"] = stats.tokens_per_step
+    out["wall_time"] = wall_time
+    return out
+
+
+def _timed(label: str, total: int, prompt_len: int, progress_enabled: bool, call):
+    """Run ``call(on_call)``, feeding a progress bar from the target's calls.
+
+    Returns the call's result and its wall time in seconds.
+    """
+    bar = Progress(label, total, progress_enabled)
+
+    def on_target_call(length: int, logits_to_keep):
+        # The rows asked for beyond the first are drafts being verified, not
+        # tokens generated yet.
+        bar.update(length - prompt_len - (logits_to_keep - 1 if logits_to_keep else 0))
+
+    start = time.perf_counter()
+    try:
+        result = call(on_target_call)
+    finally:
+        bar.close()
+    return result, time.perf_counter() - start
+
+
+def _exactness(spec_ids, ar_ids, prompt_len: int, temperature: float) -> dict:
+    """How the two outputs relate, and what exactness promises about it."""
+    spec, ar = list(spec_ids[prompt_len:]), list(ar_ids[prompt_len:])
+    first = next((i for i, (a, b) in enumerate(zip(spec, ar, strict=False)) if a != b), None)
+    if first is None and len(spec) != len(ar):
+        first = min(len(spec), len(ar))  # one run stopped early (end of sequence)
+    return {
+        "guarantee": "identical" if temperature == 0 else "same distribution",
+        "identical": first is None,
+        "first_difference": first,
+    }
+
+
+def run_demo(args) -> int:
+    """Run ``specdec demo`` (see :func:`configure` for the options).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed options.
+
+    Returns
+    -------
+    int
+        Exit status.
+    """
+    quiet = args.json
+    if args.model == "ngram":
+        loaded = demo_models.load_ngram_models(quiet)
+    else:
+        loaded = demo_models.load_llama_models(
+            args.model, args.draft_model or args.model, quiet, _gguf_context(args)
+        )
+    prompt_ids = loaded.encode(args.prompt)
+    if not prompt_ids:
+        raise CLIError("--prompt is empty: the first token needs a prompt to follow")
+    target_latency = (
+        loaded.default_latency_ms if args.target_latency_ms is None else args.target_latency_ms
+    )
+    backend = args.backend or specdec.BACKEND
+    controls = dict(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p
+    )
+    progress = not args.no_progress
+    draft = demo_models.InstrumentedModel(loaded.draft, args.draft_latency_ms)
+
+    def target(hook):
+        return demo_models.InstrumentedModel(loaded.target, target_latency, hook)
+
+    try:
+        decoder = specdec.SpeculativeDecoder(
+            args.gamma, seed=args.seed, backend=backend, **controls
+        )
+        (spec_ids, spec_stats), spec_time = _timed(
+            "speculative   ",
+            args.max_tokens,
+            len(prompt_ids),
+            progress,
+            lambda hook: decoder.generate(
+                draft, target(hook), prompt_ids, args.max_tokens, loaded.eos_token_id
+            ),
+        )
+        (ar_ids, ar_stats), ar_time = _timed(
+            "autoregressive",
+            args.max_tokens,
+            len(prompt_ids),
+            progress,
+            lambda hook: specdec.sample(
+                target(hook),
+                prompt_ids,
+                args.max_tokens,
+                loaded.eos_token_id,
+                seed=args.seed,
+                backend=backend,
+                **controls,
+            ),
+        )
+    except (ValueError, ImportError) as error:
+        # What the decoder reports about its inputs (a prompt id outside the
+        # vocabulary, a backend this install lacks); a TypeError would be a
+        # bug here, and keeps its traceback.
+        raise CLIError(str(error)) from None
+
+    report = {
+        "specdec_version": specdec.__version__,
+        "backend": backend,
+        "model": {"name": args.model, "description": loaded.description, **loaded.info},
+        "settings": {
+            "gamma": args.gamma,
+            "max_tokens": args.max_tokens,
+            "seed": args.seed,
+            **controls,
+            "target_latency_ms": target_latency,
+            "draft_latency_ms": args.draft_latency_ms,
+        },
+        "prompt": args.prompt,
+        "prompt_tokens": len(prompt_ids),
+        "speculative": {
+            "text": loaded.decode(spec_ids[len(prompt_ids) :]),
+            **_stats_dict(spec_stats, spec_time),
+        },
+        "autoregressive": {
+            "text": loaded.decode(ar_ids[len(prompt_ids) :]),
+            **_stats_dict(ar_stats, ar_time),
+        },
+        "exactness": _exactness(spec_ids, ar_ids, len(prompt_ids), args.temperature),
+        "speedup": ar_time / spec_time if spec_time > 0 else None,
+    }
+    if args.json:
+        print_json(report)
+    else:
+        _print_demo(report)
+    return 0
+
+
+def _exactness_lines(r: dict) -> list[str]:
+    e, t = r["exactness"], r["settings"]["temperature"]
+    if e["guarantee"] == "identical":
+        if e["identical"]:
+            return [
+                "exactness: at temperature 0 both runs are the target's greedy continuation: "
+                "the two texts are identical, as they must be."
+            ]
+        return [
+            f"exactness: at temperature 0 the two texts should be identical, but they differ "
+            f"from generated token {e['first_difference']} on.  With llama.cpp this happens "
+            "where the target's two best tokens are nearly tied: it evaluates one token and a "
+            "batch of tokens with different kernels, whose logits differ slightly."
+        ]
+    same = "happen to be identical" if e["identical"] else "differ"
+    return [
+        f"exactness: at temperature {t:g} both texts are draws from the same distribution, "
+        "the target's own (with these top-k/top-p/min-p controls).",
+        f"The same seed does not give the same text: speculative decoding uses the random "
+        f"stream differently.  Here the two texts {same}.",
+    ]
+
+
+def _print_demo(r: dict) -> None:
+    s, a, settings = r["speculative"], r["autoregressive"], r["settings"]
+    out = [
+        f"specdec {r['specdec_version']} demo (backend: {r['backend']})",
+        f"models: {r['model']['description']}",
+        f"prompt: {r['prompt']!r} ({r['prompt_tokens']} tokens)",
+        "",
+        f"--- prompt + {s['total_tokens_generated']} tokens from speculative decoding ---",
+        printable(r["prompt"] + s["text"]),
+        f"--- prompt + {a['total_tokens_generated']} tokens from plain sampling (the target "
+        "alone) ---",
+        printable(r["prompt"] + a["text"]),
+        "--- end ---",
+        *_exactness_lines(r),
+        "",
+        f"speculative decoding: gamma = {settings['gamma']}, "
+        f"temperature = {settings['temperature']:g}, seed = {settings['seed']}",
+        row("tokens generated", str(s["total_tokens_generated"])),
+        row(
+            "acceptance rate",
+            f"{s['acceptance_rate']:.2f}",
+            f"{s['total_draft_tokens_accepted']} of {s['total_draft_tokens_proposed']} drafts kept",
+        ),
+        row(
+            "tokens per target pass",
+            f"{s['tokens_per_step']:.2f}",
+            f"{s['num_target_forward_passes']} target passes, "
+            f"{s['num_draft_forward_passes']} draft passes",
+        ),
+        "  drafts kept per step:",
+        *bar_chart(s["accepted_length_histogram"]),
+        "",
+    ]
+    latency = settings["target_latency_ms"]
+    out.append(
+        f"wall time, with a simulated {latency:g} ms added to every target forward pass "
+        "to stand in for a large model (--target-latency-ms):"
+        if latency
+        else "wall time:"
+    )
+    out += [
+        row(
+            "speculative decoding",
+            f"{s['wall_time']:7.3f} s",
+            f"target {s['target_time']:.3f} s, draft {s['draft_time']:.3f} s, "
+            f"decoder {s['decoder_time']:.3f} s",
+        ),
+        row(
+            "autoregressive sampling",
+            f"{a['wall_time']:7.3f} s",
+            f"{a['num_target_forward_passes']} target passes, same target and seed",
+        ),
+        row("speedup", f"{r['speedup']:7.2f}x"),
+    ]
+    print("\n".join(out))

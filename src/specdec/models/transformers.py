@@ -1,0 +1,269 @@
+"""Hugging Face ``transformers`` causal language models on PyTorch."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+
+from specdec.models._cached import PrefixCachedModel
+from specdec.models._optional import import_optional
+
+__all__ = ["TransformersModel"]
+
+
+class TransformersModel(PrefixCachedModel):
+    """A ``transformers`` causal LM as a prefix-caching ``specdec`` model.
+
+    The model's key/value cache (a ``transformers.DynamicCache``, or the
+    legacy per-layer tuples of models that predate it) is kept between calls.
+    Each :meth:`forward` call crops it to the longest common prefix of the new
+    sequence and the cached one and runs the model on the remaining tokens
+    only, under :func:`torch.inference_mode`. Tested with transformers 4.45
+    and 5.24.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A causal language model whose ``forward`` accepts a cache
+        (``cache=`` in recent transformers, ``past_key_values=`` in older
+        ones). It is put in evaluation mode (dropout off) and moved to
+        ``device``.
+    device : str or torch.device, default "cpu"
+        Where the model and its inputs live.
+    tokenizer : transformers.PreTrainedTokenizerBase, optional
+        The model's tokenizer.  With it the adapter has :meth:`tokenize`,
+        :meth:`detokenize` and :attr:`eos_token_id` like
+        :class:`~specdec.models.LlamaCppModel`, so that code driving either
+        adapter can treat them alike.
+
+    Attributes
+    ----------
+    model : transformers.PreTrainedModel
+        The wrapped model.
+    tokenizer : transformers.PreTrainedTokenizerBase or None
+        The tokenizer given at creation.
+    device : torch.device
+        Device of the model and of its inputs.
+    vocab_size : int
+        Number of logits per position, ``V`` (the output layer's size).
+    n_evaluated_tokens : int
+        Total number of tokens pushed through the model since creation or the
+        last :meth:`reset`.
+    n_forward_calls : int
+        Number of :meth:`forward` calls since creation or the last :meth:`reset`.
+
+    Raises
+    ------
+    ImportError
+        If ``torch`` or ``transformers`` is not installed.
+
+    Notes
+    -----
+    Logits of positions that are already cached are not stored, so when the
+    caller asks for more trailing rows than there are new tokens (or for all
+    rows, by omitting ``logits_to_keep``) the cache is rolled back further and
+    those positions are computed again. The decoder asks for exactly the new
+    positions in the usual case, so this costs nothing there; a caller that
+    always wants all ``L`` rows pays a full forward pass per call.
+
+    If the cache cannot be cropped (some sliding-window or recurrent layers
+    cannot), a rollback starts over from an empty cache instead.
+    """
+
+    def __init__(self, model: Any, device: Any = "cpu", *, tokenizer: Any = None) -> None:
+        super().__init__()
+        torch = import_optional("torch", "TransformersModel", "transformers")
+        self._torch = torch
+        self._DynamicCache = import_optional(
+            "transformers", "TransformersModel", "transformers"
+        ).DynamicCache
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        # Dropout in training mode would make the logits random.
+        self.model = model.to(self.device).eval()
+        params = inspect.signature(self.model.forward).parameters
+        # transformers 5 renamed the ``past_key_values`` argument to ``cache``
+        # (the old name still works there, with a deprecation warning).
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        # ``logits_to_keep`` was ``num_logits_to_keep`` before transformers 4.50;
+        # some models have neither and return every row.
+        self._keep_arg = next(
+            (a for a in ("logits_to_keep", "num_logits_to_keep") if a in params), None
+        )
+        # transformers 4.x flags models that still use the legacy tuple cache
+        # (such as GPT-2 before 4.47): they get no cache object from us and
+        # their returned tuples are cropped by slicing. transformers 5 dropped
+        # both the flag and the tuples.
+        self._cache_objects = bool(getattr(self.model, "_supports_cache_class", True))
+        out_emb = (
+            self.model.get_output_embeddings()
+            if hasattr(self.model, "get_output_embeddings")
+            else None
+        )
+        if out_emb is not None and getattr(out_emb, "weight", None) is not None:
+            # The output layer, not the config, decides the logits' width
+            # (some models pad the embedding matrix).
+            self.vocab_size = int(out_emb.weight.shape[0])
+        else:
+            self.vocab_size = int(self.model.config.vocab_size)
+        self._tokens = np.zeros(0, dtype=np.int64)
+        self._cache: Any = None
+
+    # -- cache bookkeeping -------------------------------------------------
+
+    # -- the cache (see PrefixCachedModel) -----------------------------------
+
+    def _cached_ids(self) -> np.ndarray:
+        return self._tokens
+
+    def _new_cache(self) -> Any:
+        if not self._cache_objects:
+            return None  # the model makes a legacy tuple cache itself
+        try:
+            # Recent versions build per-layer caches (e.g. sliding windows)
+            # from the config.
+            return self._DynamicCache(config=self.model.config)
+        except TypeError:
+            return self._DynamicCache()
+
+    @staticmethod
+    def _cropped(cache: Any, n_keep: int, n_cached: int) -> Any:
+        """``cache`` holding its first ``n_keep`` tokens only, or None if impossible."""
+        if cache is None or n_keep <= 0:
+            return None
+        if hasattr(cache, "crop"):
+            if not getattr(cache, "is_croppable", True):
+                return None
+            # A negative argument removes that many trailing tokens in every
+            # transformers version that has ``crop`` (a positive one means
+            # "keep this many" in 4.x but is rejected by 5.x); never pass 0,
+            # which empties the cache in 4.x.
+            cache.crop(n_keep - n_cached)
+            return cache
+        if isinstance(cache, (tuple, list)):
+            # Legacy format: per layer a (key, value) pair of tensors shaped
+            # (batch, heads, sequence, head_dim).
+            return tuple(tuple(t[..., :n_keep, :] for t in layer) for layer in cache)
+        return None
+
+    def _roll_back(self, n_keep: int) -> None:
+        """Make the cache hold only its first ``n_keep`` tokens."""
+        n_cached = self._tokens.shape[0]
+        if n_keep >= n_cached:
+            return
+        self._cache = self._cropped(self._cache, n_keep, n_cached)
+        # Without a cache (it could not be cropped) the model starts over.
+        self._tokens = self._tokens[:n_keep] if self._cache is not None else self._tokens[:0]
+
+    # -- public API --------------------------------------------------------
+
+    def _first_to_evaluate(self, n_common: int, length: int, n_rows: int) -> int:
+        # Start no later than L - n: the logits of cached positions are not
+        # kept, so every wanted row must come from this call's evaluation.
+        # This also handles a sequence that is entirely cached already.
+        return min(n_common, length - n_rows)
+
+    def _evaluate(self, seq: np.ndarray, start: int, n_rows: int) -> np.ndarray:
+        torch = self._torch
+        if self._cache is None:
+            self._cache = self._new_cache()
+        # A copy: torch warns about (and cannot protect) read-only buffers.
+        new_ids = torch.tensor(seq[start:][None], dtype=torch.long, device=self.device)
+        kwargs: dict[str, Any] = {"use_cache": True}
+        if self._cache is not None:
+            kwargs[self._cache_arg] = self._cache
+        if self._keep_arg is not None:
+            kwargs[self._keep_arg] = n_rows
+        try:
+            with torch.inference_mode():
+                out = self.model(new_ids, **kwargs)
+                logits = out.logits[:, -n_rows:, :]
+                result = logits.to(device="cpu", dtype=torch.float32).numpy().copy()
+        except BaseException:
+            # The cache may hold part of this call's tokens in some layers:
+            # drop it rather than guess.
+            self._cache = None
+            self._tokens = self._tokens[:0]
+            raise
+        returned = out.get(self._cache_arg) if hasattr(out, "get") else None
+        if returned is not None:
+            # Cache objects are updated in place, but legacy tuples are new
+            # on every call.
+            self._cache = returned
+        # A model that handed no cache back must start over next time.
+        self._tokens = seq.copy() if self._cache is not None else self._tokens[:0]
+        return result
+
+    # -- text (with the tokenizer given at creation) ------------------------------
+
+    def _require_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise ValueError(
+                "this TransformersModel has no tokenizer: create it with "
+                "TransformersModel(model, tokenizer=AutoTokenizer.from_pretrained(...))"
+            )
+        return self.tokenizer
+
+    def tokenize(self, text: str | bytes, add_bos: bool = True) -> list[int]:
+        """Token ids of ``text`` with the model's tokenizer.
+
+        Parameters
+        ----------
+        text : str or bytes
+            Text to encode (``bytes`` are decoded as UTF-8).
+        add_bos : bool, default True
+            Whether to add the tokenizer's special tokens (its
+            beginning-of-sequence token, for the models that have one).
+
+        Returns
+        -------
+        list of int
+
+        Raises
+        ------
+        ValueError
+            If the model was created without a tokenizer.
+        """
+        tokenizer = self._require_tokenizer()
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8")
+        return [int(t) for t in tokenizer.encode(text, add_special_tokens=add_bos)]
+
+    def detokenize(self, ids: Any) -> str:
+        """Text of a sequence of token ids.
+
+        Parameters
+        ----------
+        ids : iterable of int
+
+        Returns
+        -------
+        str
+
+        Raises
+        ------
+        ValueError
+            If the model was created without a tokenizer.
+        """
+        return self._require_tokenizer().decode([int(t) for t in ids])
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The end-of-sequence token id: the tokenizer's, else the model config's.
+
+        None when neither defines one (generation then runs to its length).
+        """
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.model.config, "eos_token_id", None)
+            if isinstance(eos, (list, tuple)):  # several stop tokens: the decoder takes one
+                eos = eos[0] if eos else None
+        return None if eos is None else int(eos)
+
+    def __repr__(self) -> str:
+        name = type(self.model).__name__
+        return (
+            f"TransformersModel({name}, vocab_size={self.vocab_size}, device={str(self.device)!r})"
+        )
