@@ -115,8 +115,10 @@ def _weights(x: np.ndarray, shift: float, tau: float, zmin: float, inv_t: float)
     """Unnormalised weights of a row under a law (shift, tau, zmin), in the row's
     dtype: ``sd_weight_*`` of _kernels.h."""
     real = x.dtype.type
-    z = (x - real(shift)) * real(inv_t)
-    with np.errstate(all="ignore"):  # z = -inf or below the bound: masked below
+    # Logits near the type's limits overflow x - shift to -inf, and a huge temperature
+    # underflows inv_t: IEEE results the C kernel computes silently too, masked below.
+    with np.errstate(all="ignore"):
+        z = (x - real(shift)) * real(inv_t)
         w = _exp_f32(z) if real is _F32 else _exp_f64(z)
     zlow = max(real(zmin), _LOWEST[x.dtype])
     w[~((x >= real(tau)) & (z >= zlow))] = 0.0
