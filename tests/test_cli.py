@@ -76,9 +76,10 @@ def test_demo_prints_text_statistics_and_speedup(capsys, backend):
         "simulated 0.2 ms",
     ):
         assert label in out
-    # One histogram bar per accepted length 0..gamma.
+    # Two histograms (drafts kept, drafts verified), one bar per length 0..gamma.
+    assert "draft tokens verified per step" in out
     bars = [line for line in out.splitlines() if line.lstrip()[:1].isdigit() and " | " in line]
-    assert len(bars) == 4 + 1
+    assert len(bars) == 2 * (4 + 1)
     assert err == ""  # no progress bar: stderr is not a terminal here
 
 

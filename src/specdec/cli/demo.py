@@ -14,6 +14,7 @@ import time
 
 import specdec
 from specdec.cli import demo_models
+from specdec.drafters import Drafter
 from specdec.cli.options import (
     MAX_GAMMA,
     MAX_LATENCY_MS,
@@ -28,6 +29,10 @@ from specdec.cli.output import Progress, bar_chart, print_json, printable, row
 __all__ = ["configure", "run_demo", "DEFAULT_PROMPT", "STATS_FIELDS", "MAX_GGUF_CONTEXT"]
 
 DEFAULT_PROMPT = 'def read_config(path):\n    """'
+#: Draft tokens per step: a draft model's fixed length; a drafter's most (its length is
+#: adaptive, and long copies are where free drafts pay).
+DEFAULT_GAMMA = 4
+DEFAULT_DRAFTER_GAMMA = 10
 #: llama.cpp keeps a row of logits per context position (``n_ctx * V`` floats,
 #: some 6 GB at 32,768 positions and V = 49,152), for the target and the draft.
 MAX_GGUF_CONTEXT = 32_768
@@ -67,6 +72,18 @@ def _model_spec(text: str) -> str:
     )
 
 
+def _draft_spec(text: str) -> str:
+    if text in demo_models.DRAFTERS:
+        return text
+    try:
+        return _model_spec(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected {', '.join(map(repr, demo_models.DRAFTERS))}, 'ngram', 'smollm2' or a "
+            f"path to a .gguf file, got {text!r}"
+        ) from None
+
+
 def configure(demo) -> None:
     """Add the ``demo`` options to its subparser."""
     demo.add_argument(
@@ -86,8 +103,8 @@ def configure(demo) -> None:
         "--gamma",
         metavar="N",
         type=number(int, lo=1, hi=MAX_GAMMA, what=f"an integer in [1, {MAX_GAMMA}]"),
-        default=4,
-        help="draft tokens per target pass (default: %(default)s)",
+        help=f"draft tokens per target pass, at most with a drafter (default: {DEFAULT_GAMMA} "
+        f"with a draft model, {DEFAULT_DRAFTER_GAMMA} with a drafter)",
     )
     demo.add_argument(
         "--temperature",
@@ -136,10 +153,12 @@ def configure(demo) -> None:
     )
     demo.add_argument(
         "--draft-model",
-        type=_model_spec,
-        metavar="{ngram,smollm2,PATH.gguf}",
-        help="draft for a GGUF target, sharing its tokenizer (default: a second copy of the "
-        "target); 'ngram' is a token trigram trained on the stdlib with the target's tokenizer",
+        type=_draft_spec,
+        metavar="{lookup,lookup+ngram,ngram,smollm2,PATH.gguf}",
+        help="draft for a GGUF target, sharing its tokenizer (default: lookup, prompt lookup "
+        "with an adaptive draft length: it costs nothing); 'lookup+ngram' adds a token n-gram "
+        "drafter trained on the stdlib; 'ngram' is a token trigram model trained on the stdlib "
+        "with the target's tokenizer; smollm2 or a GGUF file is a draft model",
     )
     demo.add_argument(
         "--target-latency-ms",
@@ -166,7 +185,8 @@ def configure(demo) -> None:
 def _gguf_context(args) -> int:
     # A token is at least one byte, so this context holds the prompt, the new
     # tokens and a draft window in flight.
-    return len(args.prompt.encode()) + args.max_tokens + args.gamma + 8
+    gamma = args.gamma or max(DEFAULT_GAMMA, DEFAULT_DRAFTER_GAMMA)
+    return len(args.prompt.encode()) + args.max_tokens + gamma + 8
 
 
 def _validate(args) -> None:
@@ -184,6 +204,8 @@ def _validate(args) -> None:
 def _stats_dict(stats, wall_time: float) -> dict:
     out = {name: getattr(stats, name) for name in STATS_FIELDS}
     out["accepted_length_histogram"] = [int(x) for x in stats.accepted_length_histogram]
+    out["draft_length_histogram"] = [int(x) for x in stats.draft_length_histogram]
+    out["drafts_by_source"] = stats.drafts_by_source
     out["acceptance_rate"] = stats.acceptance_rate
     out["tokens_per_step"] = stats.tokens_per_step
     out["wall_time"] = wall_time
@@ -241,8 +263,10 @@ def run_demo(args) -> int:
         loaded = demo_models.load_ngram_models(quiet)
     else:
         loaded = demo_models.load_llama_models(
-            args.model, args.draft_model or args.model, quiet, _gguf_context(args)
+            args.model, args.draft_model or "lookup", quiet, _gguf_context(args)
         )
+    if args.gamma is None:
+        args.gamma = DEFAULT_DRAFTER_GAMMA if isinstance(loaded.draft, Drafter) else DEFAULT_GAMMA
     prompt_ids = loaded.encode(args.prompt)
     if not prompt_ids:
         raise CLIError("--prompt is empty: the first token needs a prompt to follow")
@@ -254,12 +278,23 @@ def run_demo(args) -> int:
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p
     )
     progress = not args.no_progress
-    draft = demo_models.InstrumentedModel(loaded.draft, args.draft_latency_ms)
+    draft = loaded.draft
+    if not isinstance(draft, Drafter):  # a drafter is no model: nothing to time or slow down
+        draft = demo_models.InstrumentedModel(draft, args.draft_latency_ms)
 
     def target(hook):
         return demo_models.InstrumentedModel(loaded.target, target_latency, hook)
 
+    def fresh_target(hook):
+        # Each run starts from an empty cache, so that neither gets the other's prompt
+        # evaluation for free.
+        if hasattr(loaded.target, "reset"):
+            loaded.target.reset()
+        return target(hook)
+
     try:
+        # One short untimed run first: a model's first calls page its weights in.
+        specdec.sample(loaded.target, prompt_ids, 2, temperature=0.0, backend=backend)
         decoder = specdec.SpeculativeDecoder(
             args.gamma, seed=args.seed, backend=backend, **controls
         )
@@ -269,7 +304,7 @@ def run_demo(args) -> int:
             len(prompt_ids),
             progress,
             lambda hook: decoder.generate(
-                draft, target(hook), prompt_ids, args.max_tokens, loaded.eos_token_id
+                draft, fresh_target(hook), prompt_ids, args.max_tokens, loaded.eos_token_id
             ),
         )
         (ar_ids, ar_stats), ar_time = _timed(
@@ -278,7 +313,7 @@ def run_demo(args) -> int:
             len(prompt_ids),
             progress,
             lambda hook: specdec.sample(
-                target(hook),
+                fresh_target(hook),
                 prompt_ids,
                 args.max_tokens,
                 loaded.eos_token_id,
@@ -379,6 +414,8 @@ def _print_demo(r: dict) -> None:
         ),
         "  drafts kept per step:",
         *bar_chart(s["accepted_length_histogram"]),
+        "  draft tokens verified per step (0: a plain step, nothing worth drafting):",
+        *bar_chart(s["draft_length_histogram"]),
         "",
     ]
     latency = settings["target_latency_ms"]
@@ -402,4 +439,15 @@ def _print_demo(r: dict) -> None:
         ),
         row("speedup", f"{r['speedup']:7.2f}x"),
     ]
+    if r["speedup"] is not None and r["speedup"] < 1.0:
+        if s["total_draft_tokens_proposed"] == 0:
+            out.append(
+                "  (no speedup: no draft was worth verifying on this text, so both runs did the "
+                "same work and the difference is timing noise)"
+            )
+        else:
+            out.append(
+                "  (no speedup here: the drafts kept did not pay for the extra tokens each "
+                "target pass evaluated; see the acceptance rate above)"
+            )
     print("\n".join(out))

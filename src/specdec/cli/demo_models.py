@@ -47,6 +47,8 @@ class InstrumentedModel:
         self.latency = latency_ms / 1000.0
         self.on_call = on_call
         self.vocab_size = getattr(model, "vocab_size", None)
+        # the adaptive draft length reads the model's cost hint, if it has one
+        self.speculation_cost = getattr(model, "speculation_cost", None)
         # The decoder's own test, so the wrapper asks the model for trailing
         # rows exactly when the decoder would have.
         self._keeps_rows = _accepts_logits_to_keep(model.forward)
@@ -160,6 +162,33 @@ def _token_ngram_draft(target, quiet: bool):
     return draft, description, {"cached": cached, "corpus_tokens": len(tokens)}
 
 
+#: Draft specs that name a deterministic drafter (no model): --draft-model lookup, ...
+DRAFTERS = ("lookup", "lookup+ngram")
+
+
+def _drafter(spec: str, target, quiet: bool):
+    """A drafter that costs nothing: prompt lookup, then a token n-gram of the stdlib."""
+    from specdec.drafters import Chain, NGram, PromptLookup
+
+    lookup = PromptLookup()
+    if spec == "lookup":
+        return lookup, "prompt lookup (copies of the prompt and the text so far)"
+    path = ngram_data.cache_dir() / f"ngram-drafter-{target.vocab_size}.npz"
+    try:
+        ngram = NGram.load(path)
+    except (OSError, ValueError):
+        if not quiet:
+            stderr_line(f"training the token n-gram drafter (first run only; cached in {path})...")
+        corpus = ngram_data.training_corpus().decode("utf-8", errors="replace")
+        ngram = NGram.train([corpus], lambda text: target.tokenize(text, add_bos=False))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            ngram.save(path)
+        except OSError:
+            pass  # a read-only cache only costs the training next time
+    return Chain(lookup, ngram), "prompt lookup, then a token n-gram of the stdlib source"
+
+
 def load_llama_models(target_spec: str, draft_spec: str, quiet: bool, n_ctx: int) -> Models:
     """A GGUF target and its draft: another GGUF file, or a token n-gram.
 
@@ -178,7 +207,9 @@ def load_llama_models(target_spec: str, draft_spec: str, quiet: bool, n_ctx: int
     path = _gguf_path(models, target_spec, "--model")
     target = _load_gguf(models, path, n_ctx)
     info = {"path": str(path), "vocab_size": target.vocab_size}
-    if draft_spec == "ngram":
+    if draft_spec in DRAFTERS:
+        draft, draft_description = _drafter(draft_spec, target, quiet)
+    elif draft_spec == "ngram":
         draft, draft_description, draft_info = _token_ngram_draft(target, quiet)
         info.update(draft_info)
     else:

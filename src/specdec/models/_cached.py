@@ -84,9 +84,16 @@ class PrefixCachedModel(abc.ABC):
         last :meth:`reset` (a measure of model work; cached tokens are free).
     n_forward_calls : int
         Number of :meth:`forward` calls since creation or the last :meth:`reset`.
+    speculation_cost : tuple of float
+        ``(overhead, per_token)``: a call that evaluates ``n + 1`` tokens costs about
+        ``1 + overhead + per_token * n`` times a call that evaluates one.  The
+        adaptive draft length (:class:`specdec.drafters.AdaptiveDraftLength`) reads it
+        to decide how many draft tokens pay; each adapter sets a default measured on
+        a small model on a CPU, and it can be set per instance for other hardware.
     """
 
     vocab_size: int
+    speculation_cost: tuple = (0.57, 0.33)
 
     def __init__(self) -> None:
         self.n_evaluated_tokens = 0
