@@ -138,7 +138,7 @@ def _token_ids(value, name: str, ndim: int, what: str) -> np.ndarray:
     array = _as_array(value, name)
     if array.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, {what}, got shape {array.shape}")
-    if array.dtype.kind not in "iu":
+    if array.dtype.kind not in "iu" and array.size:  # [] is float64 to NumPy
         raise TypeError(f"{name} must hold integer token ids, got dtype {array.dtype}")
     if array.dtype != np.int64:
         if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
@@ -335,9 +335,9 @@ def _draft_law(step: _Step, b: int, n: int, scratch: _Scratch):
             if zero.any():
                 i = int(np.flatnonzero(zero)[0])
                 raise ValueError(
-                    f"{_where(step, 'draft_token_ids', b, i)} = {int(ids[i])} has probability "
-                    "0 under the draft's law (its logits under these sampling controls): it "
-                    "cannot have been drawn from it")
+                    f"{_where(step, 'draft_token_ids', b, i)}: token {int(ids[i])} has "
+                    "probability 0 under the draft's law (its logits under these sampling "
+                    "controls), so it cannot have been drawn from it")
         return weights, laws
     # probabilities, taken as given: finite, >= 0, positive mass, positive q(x)
     low = rows.min(axis=1)
@@ -357,8 +357,8 @@ def _draft_law(step: _Step, b: int, n: int, scratch: _Scratch):
         if zero.any():
             i = int(np.flatnonzero(zero)[0])
             raise ValueError(
-                f"{_where(step, 'draft_token_ids', b, i)} = {int(ids[i])} has probability 0 "
-                "in draft (draft_kind='probs'): it cannot have been drawn from it")
+                f"{_where(step, 'draft_token_ids', b, i)}: token {int(ids[i])} has probability "
+                "0 in draft (draft_kind='probs'), so it cannot have been drawn from it")
     laws = np.zeros(n, LAW_DTYPE)
     laws["total"] = totals
     return rows, laws
