@@ -29,11 +29,11 @@ import inspect
 
 import numpy as np
 import pytest
+from toymodels import ContextModel, pooled_chisquare, same_state, warped_probs
 
 import specdec
 from specdec import engine
 from specdec.engine import verify, verify_batch
-from toymodels import ContextModel, pooled_chisquare, same_state, warped_probs
 
 ALPHA = 1e-3
 POWER_ALPHA = 1e-6
