@@ -59,7 +59,20 @@ PROMPT = list(range(16))
 SEED = 0
 
 
+#: Lines a suite wants printed after the run (``pytest_terminal_summary``).
+SUMMARY_LINES: list = []
+
+
 # --- collection ------------------------------------------------------------------------
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print the table a suite collected in ``SUMMARY_LINES`` (bench_verification.py)."""
+    if SUMMARY_LINES:
+        terminalreporter.write_sep("-", "summary")
+        for line in SUMMARY_LINES:
+            terminalreporter.write_line(line)
+
 
 def pytest_collect_file(file_path, parent):
     """Collect ``bench_*.py`` under ``bench/`` when the directory is given."""

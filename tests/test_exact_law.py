@@ -22,7 +22,9 @@ token, one that draws the token after a rejection from p instead of
 norm(max(0, p - q))) and require p < POWER_ALPHA (on the default backend: they
 check the statistic, not a backend).
 
-Coverage (each configuration runs on both backends, via the ``backend`` fixture):
+Coverage (each configuration runs on both backends, via the ``backend`` fixture, with
+block verification -- the decoder's default -- and g3eos, g5 and g3blk also token by
+token):
 
 =====  ======  =====  =======  ====  ===========  ================  =================
 id     gamma   T      max_new  V     EOS          dtypes (d / t)    other
@@ -204,14 +206,23 @@ def test_configs_cover_the_brief():
 # --- exactness ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.id)
-def test_joint_law_is_the_targets(backend, config):
+#: Configurations also run with token-by-token verification (every one runs with block
+#: verification, the default): the longest drafts, both EOS cases, three blocks.
+TOKEN_SCHEME_IDS = ("g3eos", "g5", "g3blk")
+
+
+@pytest.mark.parametrize("config, verification",
+                         [(c, "block") for c in CONFIGS]
+                         + [(c, "token") for c in CONFIGS if c.id in TOKEN_SCHEME_IDS],
+                         ids=lambda v: v.id if isinstance(v, Config) else v)
+def test_joint_law_is_the_targets(backend, config, verification):
     draft, target = config.models()
     decoder = specdec.SpeculativeDecoder(gamma=config.gamma, temperature=config.temperature,
-                                         backend=backend)
+                                         verification=verification, backend=backend)
     counts, histogram = run_decoder(decoder, draft, target, config)
     result = pooled_chisquare(counts, config.law(target))
-    print(f"exact law [{backend}, {config.id}]: chi2={result.statistic:.1f} dof={result.dof} "
+    print(f"exact law [{backend}, {config.id}, {verification}]: chi2={result.statistic:.1f} "
+          f"dof={result.dof} "
           f"p={result.pvalue:.3g} (pooled {result.n_pooled} cells)")
     check_exact(result)
     # Both decisions happen: some steps reject their first draft, some keep drafts.

@@ -14,6 +14,9 @@ models have integer logits, so about half of their rows hold a tied maximum, and
 Greedy decoding must draw no random number: the Generator passed as ``rng=`` (or
 as the decoder's ``seed``) and NumPy's global state are unchanged afterwards.
 
+Both verification schemes are run: under greedy decoding they make the same
+decisions.
+
 The comparison can fail: ``test_comparison_detects_a_wrong_greedy_sampler``
 shows that a decoder whose verify keeps every draft disagrees with the argmax loop.
 """
@@ -86,8 +89,9 @@ def _tied_rows_on_path(model, sequence, prompt_len):
     return int(sum((row == row.max()).sum() > 1 for row in rows))
 
 
+@pytest.mark.parametrize("verification", ["block", "token"])
 @pytest.mark.parametrize("gamma", [1, 2, 3, 4, 5, 6])
-def test_greedy_equals_argmax_decoding(backend, gamma):
+def test_greedy_equals_argmax_decoding(backend, gamma, verification):
     rng = np.random.default_rng(2024)
     rng_state = copy.deepcopy(rng.bit_generator.state)
     global_state = np.random.get_state()
@@ -95,7 +99,8 @@ def test_greedy_equals_argmax_decoding(backend, gamma):
     adversary_discarded = 0
     for target_dtype, draft_dtype in DTYPES:
         target, drafts = make_models(target_dtype, draft_dtype)
-        decoder = specdec.SpeculativeDecoder(gamma=gamma, temperature=0.0, backend=backend)
+        decoder = specdec.SpeculativeDecoder(gamma=gamma, temperature=0.0,
+                                             verification=verification, backend=backend)
         for name, draft in drafts.items():
             for prompt in PROMPTS:
                 for max_new in MAX_NEW:
