@@ -149,6 +149,21 @@ def test_thread_counts_give_identical_results(backend, scheme):
         assert all(same_state(a, b) for a, b in zip(states, runs[0][1]))
 
 
+def test_the_thread_pool_is_reused_and_grown_on_demand(backend):
+    ids, draft, target, lengths = _random_batch(1, batch=8)
+    verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=2, backend=backend)
+    pool = engine._pool
+    assert pool is not None
+    verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=2, backend=backend)
+    assert engine._pool is pool  # not one pool per call
+    many = verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=6,
+                        backend=backend)
+    assert engine._pool_size >= 5
+    one = verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=1,
+                       backend=backend)
+    assert np.array_equal(many.tokens, one.tokens)
+
+
 def test_int_seeds_equal_generators(backend):
     ids, draft, target, lengths = _random_batch(5)
     seeds = list(range(100, 100 + len(ids)))

@@ -385,17 +385,19 @@ _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 
 
-def _executor(workers: int) -> ThreadPoolExecutor:
-    """The module's pool, with at least ``workers`` threads (created or grown here)."""
+def _submit(function, copies: int) -> list:
+    """Run ``copies`` calls of ``function`` on the module's pool (created, or grown when
+    a call asks for more threads than it has, under the lock: a pool being replaced
+    still finishes what it was given)."""
     global _pool, _pool_size
     with _pool_lock:
-        if _pool is None or _pool_size < workers:
+        if _pool is None or _pool_size < copies:
             old = _pool
-            _pool_size = max(workers, (os.cpu_count() or 1) - 1, 1)
+            _pool_size = max(copies, (os.cpu_count() or 1) - 1, 1)
             _pool = ThreadPoolExecutor(_pool_size, thread_name_prefix="specdec-engine")
             if old is not None:
                 old.shutdown(wait=False)
-        return _pool
+        return [_pool.submit(function) for _ in range(copies)]
 
 
 def _run(step: _Step, n_threads: int, out_accepted, out_next) -> None:
@@ -419,10 +421,7 @@ def _run(step: _Step, n_threads: int, out_accepted, out_next) -> None:
                 errors[b] = error
 
     helpers = min(n_threads, batch) - 1
-    futures = []
-    if helpers > 0:
-        pool = _executor(helpers)
-        futures = [pool.submit(work) for _ in range(helpers)]
+    futures = _submit(work, helpers) if helpers > 0 else []
     try:
         work()
     finally:
@@ -449,7 +448,9 @@ def verify(draft_token_ids, draft, target_logits, *, draft_kind="logits", temper
         probabilities (``draft_kind="probs"``; finite, >= 0, normalised by their row
         sums, with positive mass on each row and on the drafted token); None for
         one-hot drafts (a deterministic drafter).  Row i is the law ``draft_token_ids[i]``
-        was drawn from.
+        was drawn from: a drafted token of draft probability 0 is refused (except at
+        temperature 0, where drafts are judged against the target's argmax alone; the
+        draft rows are still checked).
     target_logits : array of float32 or float64, shape (k + 1, V)
         The target's logits: row i predicts draft i, row k the token after the drafts.
     draft_kind : {"logits", "probs"}, default "logits"
