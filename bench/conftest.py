@@ -178,7 +178,8 @@ class ExpProbe:
 def run_decoder_cell(benchmark, impl: str, *, vocab_size: int, acceptance: float, gamma: int,
                      max_new_tokens: int, rounds: int, warmup_rounds: int = 1,
                      controls: dict | None = None, reference_module=None,
-                     exp_probe: bool = False, kind: str = "decoder") -> dict:
+                     exp_probe: bool = False, kind: str = "decoder",
+                     verification: str = "token") -> dict:
     """Benchmark one ``generate`` call of *impl* and fill ``benchmark.extra_info``.
 
     Parameters
@@ -196,6 +197,9 @@ def run_decoder_cell(benchmark, impl: str, *, vocab_size: int, acceptance: float
         The loaded reference module (required for ``impl="reference"``).
     kind : str
         Recorded as ``extra_info["kind"]``: which table of ``summarize.py`` it feeds.
+    verification : {"token", "block"}
+        specdec's scheme; "token" by default, the reference loop's own, so that the
+        two do the same work per step (bench_verification.py compares the schemes).
     exp_probe : bool
         Also time ``np.exp`` over table rows before each round (outside the timed
         part) and record the per-step comparison.
@@ -230,7 +234,8 @@ def run_decoder_cell(benchmark, impl: str, *, vocab_size: int, acceptance: float
             outcomes.append((wall, wall - timed_draft.elapsed - timed_target.elapsed, stats))
     else:
         kernels_or_fail(impl)
-        decoder = SpeculativeDecoder(gamma, 1.0, backend=impl, **controls)
+        decoder = SpeculativeDecoder(gamma, 1.0, verification=verification, backend=impl,
+                                     **controls)
 
         def setup():
             if probe:
@@ -262,6 +267,7 @@ def run_decoder_cell(benchmark, impl: str, *, vocab_size: int, acceptance: float
         "acceptance": acceptance,
         "acceptance_calibrated": round(info["acceptance"], 4),
         "controls": controls,
+        "verification": "token" if impl == "reference" else verification,
         "dtype": str(target.table.dtype),
         "max_new_tokens": max_new_tokens,
         "tokens": tokens,
