@@ -184,7 +184,8 @@ class ExpProbe:
 def run_decoder_cell(benchmark, impl: str, *, vocab_size: int, acceptance: float, gamma: int,
                      max_new_tokens: int, rounds: int, warmup_rounds: int = 1,
                      controls: dict | None = None, reference_module=None,
-                     exp_probe: bool = False, kind: str = "decoder") -> dict:
+                     exp_probe: bool = False, kind: str = "decoder",
+                     verification: str = "token") -> dict:
     """Benchmark one ``generate`` call of *impl* and fill ``benchmark.extra_info``.
 
     Parameters
@@ -202,6 +203,9 @@ def run_decoder_cell(benchmark, impl: str, *, vocab_size: int, acceptance: float
         The loaded reference module (required for ``impl="reference"``).
     kind : str
         Recorded as ``extra_info["kind"]``: which table of ``summarize.py`` it feeds.
+    verification : {"token", "block"}
+        specdec's scheme; "token" by default, the reference loop's own, so that the
+        two do the same work per step (bench_verification.py compares the schemes).
     exp_probe : bool
         Also time ``np.exp`` over table rows before each round (outside the timed
         part) and record the per-step comparison.
@@ -224,7 +228,7 @@ def run_decoder_cell(benchmark, impl: str, *, vocab_size: int, acceptance: float
     else:
         kernels_or_fail(impl)
         run = specdec_run(draft, target, PROMPT, max_new_tokens, gamma, seed=SEED,
-                          backend=impl, **controls)
+                          backend=impl, verification=verification, **controls)
 
     def setup():
         if probe:
@@ -254,6 +258,7 @@ def run_decoder_cell(benchmark, impl: str, *, vocab_size: int, acceptance: float
         "acceptance": acceptance,
         "acceptance_calibrated": round(info["acceptance"], 4),
         "controls": controls,
+        "verification": "token" if impl == "reference" else verification,
         "dtype": str(target.table.dtype),
         "max_new_tokens": max_new_tokens,
         "tokens": tokens,

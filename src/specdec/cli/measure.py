@@ -152,7 +152,7 @@ def specdec_run(
     backend : {"cython", "python"}, optional
     temperature : float, optional
     **controls
-        ``top_k``, ``top_p``, ``min_p``.
+        ``top_k``, ``top_p``, ``min_p``, ``verification``: passed to the decoder.
 
     Returns
     -------
