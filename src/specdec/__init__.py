@@ -6,20 +6,30 @@ A drop-in replacement for a NumPy speculative-sampling loop::
     ids, stats = SpeculativeDecoder(gamma=4, temperature=1.0).generate(
         draft_model, target_model, prompt_ids, max_new_tokens=50)
 
+``draft_model`` may also be a drafter that costs nothing (``specdec.drafters``:
+prompt lookup, token n-grams, or a ``Chain`` of them and a draft model).  Serving
+engines call the verification step alone: :func:`verify` and :func:`verify_batch`
+(``specdec.engine``).  Real models plug in through ``specdec.models``.
+
 The kernels come from the compiled core (``BACKEND == "cython"``) unless
 ``SPECDEC_PUREPYTHON=1`` is set or the core was not built (``"python"``).
 """
 
 from specdec._backend import BACKEND, available_backends
-from specdec._decoder import SpeculativeDecoder, SpeculativeDecodingStats, sample
+from specdec._decoder import SpeculativeDecoder, sample
+from specdec._stats import SpeculativeDecodingStats
+from specdec.engine import BatchResult, verify, verify_batch
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "BACKEND",
+    "BatchResult",
     "SpeculativeDecoder",
     "SpeculativeDecodingStats",
+    "__version__",
     "available_backends",
     "sample",
-    "__version__",
+    "verify",
+    "verify_batch",
 ]
