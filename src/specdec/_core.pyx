@@ -433,10 +433,20 @@ def row_laws(rows, controls, laws_out, weights_out, Workspace work):
     cdef int err = 0
     if len(rows) == 0:
         return
+    cdef const float[:, ::1] rows32
+    cdef const double[:, ::1] rows64
+    cdef float[:, ::1] weights32
+    cdef double[:, ::1] weights64
+    # Typed views first (that needs the GIL), then the passes without it, so that
+    # threads (the engine's batches) compute row laws in parallel.
     if rows.dtype == np.float32:
-        err = fill_row_laws[float](rows, &c, &laws[0], weights_out, work, &failed)
+        rows32, weights32 = rows, weights_out
+        with nogil:
+            err = fill_row_laws[float](rows32, &c, &laws[0], weights32, work, &failed)
     else:
-        err = fill_row_laws[double](rows, &c, &laws[0], weights_out, work, &failed)
+        rows64, weights64 = rows, weights_out
+        with nogil:
+            err = fill_row_laws[double](rows64, &c, &laws[0], weights64, work, &failed)
     if err:
         raise InvalidLogitsError(failed, err)
 
