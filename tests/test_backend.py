@@ -1,13 +1,19 @@
 """Backend selection: the compiled core is used unless the pure-Python mode is asked for."""
 
+import ast
+import inspect
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 import specdec
-from specdec._backend import available_backends, kernels_for
+from specdec._backend import KERNEL_FUNCTIONS, available_backends, kernels_for
+from specdec._common import LAW_DTYPE
+from specdec._validation import SamplingControls
 
 from conftest import PURE_PYTHON
 
@@ -48,10 +54,119 @@ def test_environment_variable_forces_python_at_import():
     assert out == "python"
 
 
-def test_both_kernel_modules_expose_the_same_functions():
-    if PURE_PYTHON:
-        pytest.skip("the compiled core is not part of a pure-Python install")
+# --- the twin contract: same functions, same signatures, same docs, same errors ------------
+
+needs_core = pytest.mark.skipif(PURE_PYTHON, reason="no compiled core in a pure-Python install")
+
+
+def _public(module):
+    """The callables a kernel module defines itself (not what it imports)."""
+    return {name for name, value in vars(module).items()
+            if not name.startswith("_") and callable(value)
+            and getattr(value, "__module__", None) == module.__name__}
+
+
+@needs_core
+def test_both_kernel_modules_define_the_same_functions():
     from specdec import _core, _fallback
 
-    for name in ("Workspace", "sample_token", "row_laws", "verify"):
-        assert callable(getattr(_core, name)) and callable(getattr(_fallback, name))
+    assert _public(_core) == _public(_fallback) == {"Workspace", *KERNEL_FUNCTIONS}
+
+
+@needs_core
+@pytest.mark.parametrize("name", KERNEL_FUNCTIONS)
+def test_same_signatures(name):
+    from specdec import _core, _fallback
+
+    assert inspect.signature(getattr(_core, name)) == inspect.signature(getattr(_fallback, name))
+
+
+def _stub_signatures():
+    """Parameter names and defaults of the functions in _core.pyi."""
+    stub = Path(specdec.__file__).with_name("_core.pyi").read_text()
+    out = {}
+    for node in ast.parse(stub).body:
+        if isinstance(node, ast.FunctionDef):
+            args = node.args
+            defaults = [None] * (len(args.args) - len(args.defaults)) + [
+                ast.literal_eval(d) for d in args.defaults]
+            out[node.name] = [(a.arg, d) for a, d in zip(args.args, defaults, strict=True)]
+        elif isinstance(node, ast.ClassDef):
+            out[node.name] = None
+    return out
+
+
+@pytest.mark.parametrize("name", KERNEL_FUNCTIONS)
+def test_typing_stub_matches_the_twin(name):
+    from specdec import _fallback
+
+    stub = _stub_signatures()
+    assert set(stub) == {"Workspace", *KERNEL_FUNCTIONS}
+    parameters = inspect.signature(getattr(_fallback, name)).parameters.values()
+    expected = [(p.name, None if p.default is p.empty else p.default) for p in parameters]
+    assert stub[name] == expected
+
+
+@pytest.mark.parametrize("name", KERNEL_FUNCTIONS)
+def test_the_twin_carries_numpydoc_docstrings_and_the_core_shares_them(name):
+    from specdec import _fallback
+
+    doc = getattr(_fallback, name).__doc__
+    for section in ("Parameters\n    ----------", "Raises\n    ------"):
+        assert section in doc, (name, section)
+    assert "Returns\n    -------" in doc or name == "row_laws"
+    for parameter in inspect.signature(getattr(_fallback, name)).parameters:
+        assert parameter in doc, (name, parameter)
+    if not PURE_PYTHON:
+        from specdec import _core
+
+        assert getattr(_core, name).__doc__ == doc
+
+
+def _bad_calls(kernels):
+    """Calls of each kernel with one bad argument each."""
+    V = 6
+    controls = SamplingControls.from_user(1.0)
+    rows = np.zeros((3, V), dtype=np.float32)
+    tokens = np.array([1, 2], dtype=np.int64)
+    weights, laws = np.ones((2, V), dtype=np.float32), np.ones(2, LAW_DTYPE)
+    work, rng = kernels.Workspace(V), np.random.default_rng(0)
+    law1, w1 = np.zeros(1, LAW_DTYPE), np.empty(V, np.float32)
+    nan_row = np.full(V, np.nan, dtype=np.float32)
+    return {
+        "sample_token: NaN row": lambda: kernels.sample_token(nan_row, controls, rng, law1, w1,
+                                                              work),
+        "sample_token: wrong size": lambda: kernels.sample_token(
+            np.zeros(V + 1, np.float32), controls, rng, law1, w1, work),
+        "sample_token: float16": lambda: kernels.sample_token(
+            np.zeros(V, np.float16), controls, rng, law1, w1, work),
+        "row_laws: laws of floats": lambda: kernels.row_laws(rows, controls, np.zeros(3), rows.copy(),
+                                                             work),
+        "row_laws: weights of another dtype": lambda: kernels.row_laws(
+            rows, controls, np.zeros(3, LAW_DTYPE), rows.astype(np.float64), work),
+        "verify: rows for another count": lambda: kernels.verify(
+            rows[:2], tokens, weights, laws, True, controls, rng, work, False),
+        "verify: token outside V": lambda: kernels.verify(
+            rows, np.array([1, V]), weights, laws, True, controls, rng, work, False),
+        "verify: weights without laws": lambda: kernels.verify(
+            rows, tokens, weights, None, True, controls, rng, work, False),
+        "verify: block not a bool": lambda: kernels.verify(
+            rows, tokens, None, None, True, controls, rng, work, "yes"),
+        "verify: float tokens": lambda: kernels.verify(
+            rows, tokens.astype(float), None, None, True, controls, rng, work, True),
+        "verify: NaN target row": lambda: kernels.verify(
+            np.vstack([nan_row] * 3), tokens, None, None, True, controls, rng, work, True),
+    }
+
+
+@needs_core
+def test_both_backends_raise_the_same_exception_types():
+    from specdec import _core, _fallback
+
+    raised = {}
+    for kernels in (_core, _fallback):
+        for case, call in _bad_calls(kernels).items():
+            with pytest.raises((TypeError, ValueError)) as info:
+                call()
+            raised.setdefault(case, []).append(type(info.value))
+    assert all(a is b for a, b in raised.values()), raised

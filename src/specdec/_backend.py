@@ -32,7 +32,20 @@ def _load_core() -> ModuleType | None:
             "reinstall cyspecdec, or set SPECDEC_PUREPYTHON=1 to use the pure-Python "
             "backend"
         ) from exc
+    _share_docstrings(_core)
     return _core
+
+
+#: The kernel functions: the compiled core and its pure-Python twin both define them,
+#: with the same signatures (tests/test_backend.py checks it).
+KERNEL_FUNCTIONS = ("sample_token", "row_laws", "verify")
+
+
+def _share_docstrings(core: ModuleType) -> None:
+    """Give the compiled kernels their twin's docstrings, written once in _fallback.py
+    (the twin is always installed; the core may not be)."""
+    for name in KERNEL_FUNCTIONS:
+        getattr(core, name).__doc__ = getattr(_fallback, name).__doc__
 
 
 _core = None if _env_flag("SPECDEC_PUREPYTHON") else _load_core()

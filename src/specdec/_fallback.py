@@ -188,9 +188,37 @@ def _pick(w: np.ndarray, u: float) -> int:
 def sample_token(logits, controls, rng, law_out, weights_out, work):
     """Draw one token from a row of logits under the sampling controls.
 
-    Twin of ``specdec._core.sample_token``; see its docstring.
+    Parameters
+    ----------
+    logits : ndarray of float32 or float64, shape (V,), C-contiguous
+        One row of logits.
+    controls : specdec._validation.SamplingControls
+        Temperature (0: greedy, the lowest id among the maxima, no uniform drawn),
+        top-k, top-p and min-p.
+    rng : numpy.random.Generator
+        Source of the one uniform drawn.
+    law_out : ndarray of LAW_DTYPE, shape (1,)
+        Receives the row law (unset for greedy).
+    weights_out : ndarray of the logits' dtype, shape (V,)
+        Receives the row's unnormalised weights: the draft law q is
+        ``weights_out / law_out[0]["total"]``, which ``verify`` needs (unset for greedy).
+    work : Workspace
+        Scratch memory for ``V`` logits.
+
+    Returns
+    -------
+    int
+        The token id, always one of positive probability.
+
+    Raises
+    ------
+    InvalidLogitsError
+        The row holds NaN or +inf, or only -inf, or (for a temperature whose
+        inverse overflows the logits' type) no token of positive weight.
     """
     inv_t, top_k, top_p, min_p = _controls(controls)
+    if logits.dtype not in (np.float32, np.float64):  # the core's fused types: a TypeError
+        raise TypeError(f"logits must be float32 or float64, got {logits.dtype}")
     check_laws(law_out, "law_out", 1)
     if len(logits) != work.vocab_size or len(weights_out) != len(logits):
         raise ValueError("logits, law_out, weights_out and work do not match in size")
@@ -206,9 +234,29 @@ def sample_token(logits, controls, rng, law_out, weights_out, work):
 
 
 def row_laws(rows, controls, laws_out, weights_out, work):
-    """The law and the weights of each of n rows under the sampling controls.
+    """The law and the weights of each of n rows under the sampling controls, drawing
+    nothing: what ``verify`` needs of draft logits that were not sampled here.
 
-    Twin of ``specdec._core.row_laws``; see its docstring.
+    Parameters
+    ----------
+    rows : ndarray of float32 or float64, shape (n, V), C-contiguous
+        Logits rows.
+    controls : specdec._validation.SamplingControls
+        The sampling controls (temperature 0: the rows are only checked; laws and
+        weights are left unset, as greedy verification reads neither).
+    laws_out : ndarray of LAW_DTYPE, shape (>= n,)
+        Receives the law of each row.
+    weights_out : ndarray of the rows' dtype, shape (>= n, V), C-contiguous
+        Receives each row's unnormalised weights (q = weights / law["total"]).
+    work : Workspace
+        Scratch memory for ``V`` logits.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Arguments of the wrong type, dtype or shape.
+    InvalidLogitsError
+        A row defines no law; ``row`` says which.
     """
     check_row_laws_args(rows, laws_out, weights_out, work.vocab_size)
     inv_t, top_k, top_p, min_p = _controls(controls)
@@ -225,7 +273,47 @@ def verify(target_rows, draft_tokens, draft_weights, draft_laws, bonus, controls
            block=False):
     """Verify a block of drafted tokens against the target's rows.
 
-    Twin of ``specdec._core.verify``; see its docstring.
+    Token by token (``block=False``, Leviathan et al. 2023): keeps each draft token
+    x with probability min(1, p(x) / q(x)) (the test is ``u * q(x) < p(x)``, so a
+    token with p(x) = 0 is never kept, even with u = 0); at the first rejection
+    draws from norm(max(0, p - q)) of that row; when every draft is kept and
+    ``bonus`` is true, draws one more token from the last row.
+
+    Parameters
+    ----------
+    target_rows : ndarray of float32 or float64, shape (n + 1, V), C-contiguous
+        The target's logits at the positions predicting each draft token and the
+        bonus token: row i predicts ``draft_tokens[i]``.
+    draft_tokens : ndarray of int64, shape (n,)
+        The drafted tokens.
+    draft_weights : ndarray of float32 or float64, shape (>= n, V), or None
+        The weights ``sample_token`` (or ``row_laws``) returned for each draft token;
+        None (with ``draft_laws`` None) for one-hot drafts.  Unused for greedy.
+    draft_laws : ndarray of LAW_DTYPE, shape (>= n,), or None
+        The laws that came with ``draft_weights``: q_i = draft_weights[i] /
+        draft_laws[i]["total"].
+    bonus : bool
+        Whether to draw a bonus token when every draft is kept.
+    controls : specdec._validation.SamplingControls
+        As for ``sample_token``; the same controls must have made the drafts.
+    rng, work
+        As for ``sample_token``.
+    block : bool, default False
+        Block verification instead of token by token.
+
+    Returns
+    -------
+    n_accepted : int
+        Length of the kept prefix of ``draft_tokens``.
+    token : int
+        The residual token (after a rejection), the bonus token, or -1.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Arguments of the wrong type, dtype or shape, or a draft token outside [0, V).
+    InvalidLogitsError
+        A target row that the decision needed holds no law; ``row`` says which.
     """
     check_verify_args(target_rows, draft_tokens, draft_weights, draft_laws, block,
                       work.vocab_size)
