@@ -141,7 +141,9 @@ class SpeculativeDecoder:
         judges the draft jointly and keeps at least as many tokens in expectation.
         ``"token"``: token by token (Leviathan et al. 2023), the reference loop's
         decisions.  Both are exact (the output law is the target's) and identical
-        under greedy decoding.
+        under greedy decoding.  Drafters' one-hot drafts are always verified token by
+        token: there block verification keeps exactly as many tokens in expectation, at
+        a higher cost.
     draft_length : {"auto", "fixed", "adaptive"} or DraftLengthPolicy, default "auto"
         ``"fixed"`` drafts ``gamma`` tokens per step (the reference's rule);
         ``"adaptive"`` uses :class:`specdec.drafters.AdaptiveDraftLength`, which drafts
@@ -326,8 +328,10 @@ class SpeculativeDecoder:
                 _check_proposal_range(drafted, target.vocab_size, sources.names[source])
             bonus = (n_draft == 0 or drafted[-1] != eos) and start + n_draft < run.limit
             try:
+                # One-hot drafts keep exactly as many tokens in expectation under both
+                # schemes (tests/test_block.py), and token verification costs less.
                 n_kept, token = kernels.verify(rows, drafted, weights, laws, bonus, controls,
-                                               generator, work, block)
+                                               generator, work, block and weights is not None)
             except InvalidLogitsError as error:
                 raise target.invalid_logits(error, start - 1) from None
             new = n_kept
