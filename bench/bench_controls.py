@@ -22,7 +22,6 @@ Run::
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_decoder_cell
 
 VOCAB_SIZES = (32_000, 128_256)
@@ -61,7 +60,15 @@ def test_controls(benchmark, request, vocab_size, variant, impl):
     benchmark.extra_info["variant"] = variant
     rounds, warmup = rounds_for(impl)
     run_decoder_cell(
-        benchmark, impl, vocab_size=vocab_size, acceptance=ACCEPTANCE, gamma=GAMMA,
-        max_new_tokens=MAX_NEW_TOKENS[vocab_size], rounds=rounds, warmup_rounds=warmup,
-        controls=VARIANTS[variant], reference_module=reference, kind="controls",
+        benchmark,
+        impl,
+        vocab_size=vocab_size,
+        acceptance=ACCEPTANCE,
+        gamma=GAMMA,
+        max_new_tokens=MAX_NEW_TOKENS[vocab_size],
+        rounds=rounds,
+        warmup_rounds=warmup,
+        controls=VARIANTS[variant],
+        reference_module=reference,
+        kind="controls",
     )

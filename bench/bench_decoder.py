@@ -35,7 +35,6 @@ Run::
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_decoder_cell
 
 VOCAB_SIZES = (32_000, 128_256)
@@ -51,6 +50,7 @@ def rounds_for(impl: str, vocab_size: int) -> tuple[int, int]:
     if impl == "cython":
         return 15, 1
     return (5, 1) if vocab_size <= 32_000 else (3, 1)
+
 
 # Ordered so that one model pair serves all the cells that use it.
 CELLS = [
@@ -68,7 +68,15 @@ def test_decoder(benchmark, request, vocab_size, acceptance, gamma, impl):
     benchmark.group = f"decoder V={vocab_size} gamma={gamma} acceptance={acceptance}"
     rounds, warmup = rounds_for(impl, vocab_size)
     run_decoder_cell(
-        benchmark, impl, vocab_size=vocab_size, acceptance=acceptance, gamma=gamma,
-        max_new_tokens=MAX_NEW_TOKENS, rounds=rounds, warmup_rounds=warmup,
-        reference_module=reference, exp_probe=True, kind="decoder",
+        benchmark,
+        impl,
+        vocab_size=vocab_size,
+        acceptance=acceptance,
+        gamma=gamma,
+        max_new_tokens=MAX_NEW_TOKENS,
+        rounds=rounds,
+        warmup_rounds=warmup,
+        reference_module=reference,
+        exp_probe=True,
+        kind="decoder",
     )

@@ -87,12 +87,11 @@ class ScanLookup:
         length = tokens.shape[0]
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
             # Windows starting at 0 .. length - n - 1: every n-gram but the trailing one.
-            windows = sliding_window_view(tokens[:length - 1], n)
-            hits = np.flatnonzero((windows == tokens[length - n:]).all(axis=1))
+            windows = sliding_window_view(tokens[: length - 1], n)
+            hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
             if hits.size:
                 begin = int(hits[-1]) + n
-                return tokens[begin:min(begin + min(self.num_tokens, max_tokens),
-                                        length)].copy()
+                return tokens[begin : min(begin + min(self.num_tokens, max_tokens), length)].copy()
         return np.zeros(0, dtype=np.int64)
 
 
@@ -126,7 +125,8 @@ DRAFTERS = {
 }
 
 CELLS = [pytest.param(name, LENGTH, id=f"{name}-L{LENGTH}") for name in DRAFTERS] + [
-    pytest.param(name, LONG, id=f"{name}-L{LONG}") for name in ("PromptLookup", "scan")]
+    pytest.param(name, LONG, id=f"{name}-L{LONG}") for name in ("PromptLookup", "scan")
+]
 
 
 @pytest.mark.parametrize(("name", "length"), CELLS)
@@ -139,7 +139,7 @@ def test_drafter_step(benchmark, corpus, name, length):
 
     def setup():
         drafter = DRAFTERS[name](train)
-        drafter.start(sequence[:length - GENERATED])
+        drafter.start(sequence[: length - GENERATED])
         return (drafter,), {}
 
     def once(drafter):
@@ -149,14 +149,16 @@ def test_drafter_step(benchmark, corpus, name, length):
     benchmark.pedantic(once, setup=setup, rounds=rounds, warmup_rounds=1)
     steps, proposed = results[-1]
     times = benchmark.stats.stats.data
-    benchmark.extra_info.update({
-        "kind": "drafter",
-        "drafter": name,
-        "length": length,
-        "prompt_tokens": length - GENERATED,
-        "steps": steps,
-        "mean_proposal": proposed / steps,
-        "tokens_per_step": GENERATED / steps,
-        "us_per_step": statistics.median(times) / steps * 1e6,
-        "us_per_step_min": min(times) / steps * 1e6,
-    })
+    benchmark.extra_info.update(
+        {
+            "kind": "drafter",
+            "drafter": name,
+            "length": length,
+            "prompt_tokens": length - GENERATED,
+            "steps": steps,
+            "mean_proposal": proposed / steps,
+            "tokens_per_step": GENERATED / steps,
+            "us_per_step": statistics.median(times) / steps * 1e6,
+            "us_per_step_min": min(times) / steps * 1e6,
+        }
+    )

@@ -61,11 +61,14 @@ FLASHINFER_CELL = (16, 5, 32_000)
 FLASHINFER_US = 27.0
 
 #: The reference loop, beside the repository (never copied into it).
-REFERENCE_FILE = (Path(__file__).resolve().parents[2] / "shared" / "reference"
-                  / "speculative_decoding.py")
+REFERENCE_FILE = (
+    Path(__file__).resolve().parents[2] / "shared" / "reference" / "speculative_decoding.py"
+)
 
-CELLS = sorted({(b, k, v) for b in BATCHES for k in DRAFTS for v in VOCABS} | {FLASHINFER_CELL},
-               key=lambda c: (c[2], c[0], c[1]))
+CELLS = sorted(
+    {(b, k, v) for b in BATCHES for k in DRAFTS for v in VOCABS} | {FLASHINFER_CELL},
+    key=lambda c: (c[2], c[0], c[1]),
+)
 IMPLS = ("engine-1", "engine-all", "engine-token", "numpy", "reference")
 
 
@@ -78,7 +81,10 @@ def _softmax(x, axis=-1):
 
 
 def _acceptance(target, sigma, noise):
-    p, q = _softmax(target.astype(np.float64)), _softmax((target + sigma * noise).astype(np.float64))
+    p, q = (
+        _softmax(target.astype(np.float64)),
+        _softmax((target + sigma * noise).astype(np.float64)),
+    )
     return float(np.minimum(p, q).sum(axis=-1).mean())
 
 
@@ -94,8 +100,9 @@ def cell_data(batch, k, vocab):
         target = rng.standard_normal((batch, k + 1, vocab), dtype=np.float32)
         target *= 2.0
         lifted = rng.integers(0, vocab, (batch, k + 1, 8))
-        np.put_along_axis(target, lifted, rng.uniform(6.0, 12.0, lifted.shape).astype(np.float32),
-                          axis=2)
+        np.put_along_axis(
+            target, lifted, rng.uniform(6.0, 12.0, lifted.shape).astype(np.float32), axis=2
+        )
         noise = rng.standard_normal((batch, k, vocab), dtype=np.float32)
         # sigma for an acceptance of about ACCEPTANCE, by bisection on a few rows
         rows = min(4, batch * k)
@@ -118,8 +125,9 @@ def cell_data(batch, k, vocab):
         for b in range(batch):
             for i in range(k):
                 cdf = np.cumsum(_softmax(draft[b, i].astype(np.float64)))
-                ids[b, i] = min(int(np.searchsorted(cdf, u[b, i] * cdf[-1], side="right")),
-                                vocab - 1)
+                ids[b, i] = min(
+                    int(np.searchsorted(cdf, u[b, i] * cdf[-1], side="right")), vocab - 1
+                )
         _DATA[key] = (ids, draft, target, sigma, acceptance)
     return _DATA[key]
 
@@ -133,8 +141,8 @@ def numpy_verify_batch(ids, draft_logits, target_logits, lengths, rng):
     Returns (n_accepted, next_tokens).  Uniforms come from one generator for the whole
     batch (so, unlike the engine, a sequence's result depends on the batch)."""
     batch, k = ids.shape
-    p = _softmax(target_logits)                      # (B, k + 1, V)
-    q = _softmax(draft_logits)                       # (B, k, V)
+    p = _softmax(target_logits)  # (B, k + 1, V)
+    q = _softmax(draft_logits)  # (B, k, V)
     px = np.take_along_axis(p[:, :k], ids[..., None], axis=2)[..., 0]
     qx = np.take_along_axis(q, ids[..., None], axis=2)[..., 0]
     keep = rng.random((batch, k)) * qx < px
@@ -149,8 +157,9 @@ def numpy_verify_batch(ids, draft_logits, target_logits, lengths, rng):
     weights = np.where(rejected[:, None], residual, p[rows, n_accepted])
     cdf = np.cumsum(weights, axis=1)
     targets = rng.random(batch) * cdf[:, -1]
-    next_tokens = np.array([np.searchsorted(cdf[b], targets[b], side="right")
-                            for b in range(batch)])
+    next_tokens = np.array(
+        [np.searchsorted(cdf[b], targets[b], side="right") for b in range(batch)]
+    )
     return n_accepted, np.minimum(next_tokens, cdf.shape[1] - 1)
 
 
@@ -208,11 +217,15 @@ def _us(impl, cell):
 
 
 def _summarize():
-    lines = ["", ("engine verify_batch (float32, draft logits, temperature 1): "
-                  "median us per call, ratios")]
-    lines.append(f"{'B':>3} {'k':>2} {'V':>7}  {'1 thread':>10} {'all':>10} {'scaling':>7} "
-                 f"{'numpy':>10} {'numpy/all':>9} {'per seq':>8} {'ref/seq':>8} {'ref/all':>8} "
-                 f"{'kept':>5} {'cpu/wall':>8}")
+    lines = [
+        "",
+        ("engine verify_batch (float32, draft logits, temperature 1): median us per call, ratios"),
+    ]
+    lines.append(
+        f"{'B':>3} {'k':>2} {'V':>7}  {'1 thread':>10} {'all':>10} {'scaling':>7} "
+        f"{'numpy':>10} {'numpy/all':>9} {'per seq':>8} {'ref/seq':>8} {'ref/all':>8} "
+        f"{'kept':>5} {'cpu/wall':>8}"
+    )
     for cell in CELLS:
         one, every, numpy_us = _us("engine-1", cell), _us("engine-all", cell), _us("numpy", cell)
         if every is None:
@@ -229,7 +242,8 @@ def _summarize():
             f"{fmt(one / every if one else None, '7.2f')} {fmt(numpy_us, '10.0f')} "
             f"{fmt(numpy_us / every if numpy_us else None, '9.2f')} {every / batch:8.1f} "
             f"{fmt(ref, '8.0f')} {fmt(ref * batch / every if ref else None, '8.2f')} "
-            f"{kept:5.2f} {_RESULTS[('engine-all', cell)]['busy']:8.2f}")
+            f"{kept:5.2f} {_RESULTS[('engine-all', cell)]['busy']:8.2f}"
+        )
     cell = FLASHINFER_CELL
     if _us("engine-all", cell):
         per_seq = _us("engine-all", cell) / cell[0]
@@ -237,11 +251,14 @@ def _summarize():
             f"FlashInfer chain_speculative_sampling, B200 GPU, B={cell[0]} k={cell[1]} "
             f"V={cell[2]}: {FLASHINFER_US} us per batch = {FLASHINFER_US / cell[0]:.2f} us per "
             f"sequence; specdec here (2 CPU cores): {per_seq:.1f} us per sequence "
-            f"({per_seq / (FLASHINFER_US / cell[0]):.0f}x the GPU's)")
-    lines.append("scaling = 1 thread / all cores; numpy/all = vectorised NumPy / engine on all "
-                 "cores; ref/all = the reference loop's verification path (per sequence x B) / "
-                 "engine on all cores; kept = mean drafts kept / k (block verification); cpu/wall = "
-                 "process CPU time / wall time of the all-core runs (about the cores kept busy)")
+            f"({per_seq / (FLASHINFER_US / cell[0]):.0f}x the GPU's)"
+        )
+    lines.append(
+        "scaling = 1 thread / all cores; numpy/all = vectorised NumPy / engine on all "
+        "cores; ref/all = the reference loop's verification path (per sequence x B) / "
+        "engine on all cores; kept = mean drafts kept / k (block verification); cpu/wall = "
+        "process CPU time / wall time of the all-core runs (about the cores kept busy)"
+    )
     return lines
 
 
@@ -254,8 +271,15 @@ def test_verify_batch(benchmark, cell, impl):
     ids, draft, target, sigma, acceptance = cell_data(batch, k, vocab)
     lengths = np.full(batch, k)
     benchmark.group = f"engine B={batch} k={k} V={vocab}"
-    info = {"impl": impl, "batch": batch, "k": k, "vocab_size": vocab, "dtype": "float32",
-            "sigma": sigma, "acceptance_one_draft": acceptance}
+    info = {
+        "impl": impl,
+        "batch": batch,
+        "k": k,
+        "vocab_size": vocab,
+        "dtype": "float32",
+        "sigma": sigma,
+        "acceptance_one_draft": acceptance,
+    }
     kept = []
 
     if impl.startswith("engine"):
@@ -264,9 +288,11 @@ def test_verify_batch(benchmark, cell, impl):
         rngs = [np.random.default_rng(SEED + b) for b in range(batch)]
 
         def once():
-            result = verify_batch(ids, draft, target, lengths, rngs=rngs, n_threads=threads,
-                                  verification=scheme)
+            result = verify_batch(
+                ids, draft, target, lengths, rngs=rngs, n_threads=threads, verification=scheme
+            )
             kept.append(result.n_accepted.mean() / k)
+
         info["n_threads"] = threads or os.cpu_count()
     elif impl == "numpy":
         rng = np.random.default_rng(SEED)
@@ -284,6 +310,7 @@ def test_verify_batch(benchmark, cell, impl):
         def once():
             n_accepted, _ = reference_step(decoder, ids[0], draft[0], target[0])
             kept.append(n_accepted / k)
+
         info["per"] = "one sequence"
 
     times, cpu = [], []

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import SEED, kernels_or_fail
 
 from specdec._common import LAW_DTYPE
@@ -46,10 +45,18 @@ CONTROLS = SamplingControls(1.0)  # temperature 1, no top-k / top-p / min-p
 
 def _info(benchmark, op, case, impl, vocab_size, dtype, rows):
     benchmark.group = f"kernels V={vocab_size} {dtype}"
-    benchmark.extra_info.update({
-        "kind": "kernel", "op": op, "case": case, "impl": impl, "vocab_size": vocab_size,
-        "dtype": dtype, "rows": rows, "gamma": GAMMA if op == "verify" else None,
-    })
+    benchmark.extra_info.update(
+        {
+            "kind": "kernel",
+            "op": op,
+            "case": case,
+            "impl": impl,
+            "vocab_size": vocab_size,
+            "dtype": dtype,
+            "rows": rows,
+            "gamma": GAMMA if op == "verify" else None,
+        }
+    )
 
 
 def _logits(rng, rows, vocab_size, dtype):
@@ -79,8 +86,9 @@ def _verify_inputs(kernels, vocab_size, dtype, case):
     weights = np.empty((GAMMA, vocab_size), dtype=dtype)
     tokens = np.empty(GAMMA, dtype=np.int64)
     for i in range(GAMMA):
-        tokens[i] = kernels.sample_token(draft_rows[i], CONTROLS, rng, laws[i:i + 1], weights[i],
-                                         work)
+        tokens[i] = kernels.sample_token(
+            draft_rows[i], CONTROLS, rng, laws[i : i + 1], weights[i], work
+        )
     if case == "all-accepted":
         target_rows[:GAMMA] = draft_rows
         expected = GAMMA
@@ -91,8 +99,9 @@ def _verify_inputs(kernels, vocab_size, dtype, case):
         target_rows[0] = draft_rows[0]
         target_rows[0, tokens[0]] -= 40.0
         expected = 0
-    n_accepted, token = kernels.verify(target_rows, tokens, weights, laws, True, CONTROLS,
-                                       rng, work)
+    n_accepted, token = kernels.verify(
+        target_rows, tokens, weights, laws, True, CONTROLS, rng, work
+    )
     if n_accepted != expected or token < 0:
         raise AssertionError(f"verify setup for {case!r} gave {(n_accepted, token)}")
     return target_rows, weights, tokens, laws, rng, work
@@ -105,8 +114,15 @@ def _verify_inputs(kernels, vocab_size, dtype, case):
 def test_verify(benchmark, vocab_size, dtype, backend, case):
     kernels = kernels_or_fail(backend)
     rows, weights, tokens, laws, rng, work = _verify_inputs(kernels, vocab_size, dtype, case)
-    _info(benchmark, "verify", case, backend, vocab_size, dtype,
-          GAMMA + 1 if case == "all-accepted" else 1)
+    _info(
+        benchmark,
+        "verify",
+        case,
+        backend,
+        vocab_size,
+        dtype,
+        GAMMA + 1 if case == "all-accepted" else 1,
+    )
     benchmark(kernels.verify, rows, tokens, weights, laws, True, CONTROLS, rng, work)
 
 

@@ -74,15 +74,17 @@ def _mean(values):
 def _timed_rounds(benchmark, run, adapters) -> list[Outcome]:
     """Benchmark ``run`` (from :mod:`specdec.cli.measure`) for ROUNDS rounds, caches reset."""
     outcomes = []
-    benchmark.pedantic(lambda: outcomes.append(run()), setup=lambda: _reset(*adapters),
-                       rounds=ROUNDS, iterations=1)
+    benchmark.pedantic(
+        lambda: outcomes.append(run()), setup=lambda: _reset(*adapters), rounds=ROUNDS, iterations=1
+    )
     return outcomes
 
 
 @pytest.mark.benchmark(group="smollm2-decoder-overhead")
 def test_specdec_decoder_overhead(benchmark, draft, target, prompt):
     runs = _timed_rounds(
-        benchmark, specdec_run(draft, target, prompt, N_NEW, GAMMA, seed=0), (draft, target))
+        benchmark, specdec_run(draft, target, prompt, N_NEW, GAMMA, seed=0), (draft, target)
+    )
     benchmark.extra_info.update(
         tokens=N_NEW,
         gamma=GAMMA,
@@ -99,8 +101,10 @@ def test_reference_decoder_overhead(benchmark, draft, target, prompt, reference)
     # The reference asks for all L rows (the llama.cpp adapter keeps the scores of
     # cached positions, so that costs a copy, not a re-evaluation).
     runs = _timed_rounds(
-        benchmark, reference_run(reference, draft, target, prompt, N_NEW, GAMMA, seed=0),
-        (draft, target))
+        benchmark,
+        reference_run(reference, draft, target, prompt, N_NEW, GAMMA, seed=0),
+        (draft, target),
+    )
     benchmark.extra_info.update(
         tokens=N_NEW,
         gamma=GAMMA,
@@ -132,7 +136,8 @@ def test_sample_wall_per_token(benchmark, target, prompt):
 @pytest.mark.benchmark(group="smollm2-wall-per-token")
 def test_speculative_same_model_wall_per_token(benchmark, draft, target, prompt):
     runs = _timed_rounds(
-        benchmark, specdec_run(draft, target, prompt, N_NEW, GAMMA, seed=0), (draft, target))
+        benchmark, specdec_run(draft, target, prompt, N_NEW, GAMMA, seed=0), (draft, target)
+    )
     benchmark.extra_info.update(
         tokens=N_NEW,
         gamma=GAMMA,

@@ -29,7 +29,6 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import PROMPT, SEED, SUMMARY_LINES, kernels_or_fail, model_pair
 
 from specdec import SpeculativeDecoder
@@ -42,8 +41,9 @@ MAX_NEW_TOKENS = 256
 N_SEEDS = 8
 ROUNDS = 5
 
-CELLS = [pytest.param(a, g, s, id=f"a{a}-g{g}-{s}")
-         for a in ACCEPTANCES for g in GAMMAS for s in SCHEMES]
+CELLS = [
+    pytest.param(a, g, s, id=f"a{a}-g{g}-{s}") for a in ACCEPTANCES for g in GAMMAS for s in SCHEMES
+]
 
 
 @pytest.mark.parametrize(("acceptance", "gamma", "verification"), CELLS)
@@ -67,8 +67,12 @@ def test_verification(benchmark, acceptance, gamma, verification):
         _, stats = decoder.generate(draft, target, PROMPT, MAX_NEW_TOKENS, rng=rng)
         walls.append((time.perf_counter() - start) / stats.total_tokens_generated)
 
-    benchmark.pedantic(once, setup=lambda: ((), {"rng": np.random.default_rng(SEED)}),
-                       rounds=ROUNDS, warmup_rounds=1)
+    benchmark.pedantic(
+        once,
+        setup=lambda: ((), {"rng": np.random.default_rng(SEED)}),
+        rounds=ROUNDS,
+        warmup_rounds=1,
+    )
     extra = {
         "kind": "verification",
         "verification": verification,
@@ -82,10 +86,16 @@ def test_verification(benchmark, acceptance, gamma, verification):
     }
     benchmark.extra_info.update(extra)
     if not SUMMARY_LINES:
-        SUMMARY_LINES.append(f"token vs block verification, V={VOCAB_SIZE}, T=1, "
-                             f"{N_SEEDS} x {MAX_NEW_TOKENS} tokens per cell, compiled backend")
-        SUMMARY_LINES.append(f"{'acceptance':>10} {'gamma':>5} {'scheme':>6} "
-                             f"{'tokens/pass':>11} {'kept/pass':>9} {'us/token':>9}")
-    SUMMARY_LINES.append(f"{acceptance:>10} {gamma:>5} {verification:>6} "
-                         f"{extra['tokens_per_pass']:>11.3f} {extra['kept_per_pass']:>9.3f} "
-                         f"{extra['us_per_token']:>9.1f}")
+        SUMMARY_LINES.append(
+            f"token vs block verification, V={VOCAB_SIZE}, T=1, "
+            f"{N_SEEDS} x {MAX_NEW_TOKENS} tokens per cell, compiled backend"
+        )
+        SUMMARY_LINES.append(
+            f"{'acceptance':>10} {'gamma':>5} {'scheme':>6} "
+            f"{'tokens/pass':>11} {'kept/pass':>9} {'us/token':>9}"
+        )
+    SUMMARY_LINES.append(
+        f"{acceptance:>10} {gamma:>5} {verification:>6} "
+        f"{extra['tokens_per_pass']:>11.3f} {extra['kept_per_pass']:>9.3f} "
+        f"{extra['us_per_token']:>9.1f}"
+    )

@@ -96,14 +96,18 @@ def pytest_collect_file(file_path, parent):
 
 def pytest_addoption(parser):
     try:
-        parser.addoption("--reference", metavar="PATH",
-                         help="the reference speculative_decoding.py (default: "
-                         "$SPECDEC_REFERENCE, else shared/reference/ beside the repository)")
+        parser.addoption(
+            "--reference",
+            metavar="PATH",
+            help="the reference speculative_decoding.py (default: "
+            "$SPECDEC_REFERENCE, else shared/reference/ beside the repository)",
+        )
     except ValueError:
         pass  # tests/conftest.py, collected in the same run, declares it already
 
 
 # --- the implementations ---------------------------------------------------------------
+
 
 def reference_file(config) -> Path:
     """Where the reference loop is: ``--reference``, ``$SPECDEC_REFERENCE`` or the default."""
@@ -125,8 +129,9 @@ def kernels_or_fail(backend: str):
     try:
         return kernels_for(backend)
     except ImportError as error:
-        pytest.fail(f"{error}\nbuild it first: python3 setup.py build_ext --inplace -q",
-                    pytrace=False)
+        pytest.fail(
+            f"{error}\nbuild it first: python3 setup.py build_ext --inplace -q", pytrace=False
+        )
 
 
 # --- the models --------------------------------------------------------------------------
@@ -150,6 +155,7 @@ def model_pair(vocab_size: int, acceptance: float, length: int):
 
 # --- one decoder cell --------------------------------------------------------------------
 
+
 class ExpProbe:
     """Times ``np.exp`` over table rows, to compare the decoder's cost with.
 
@@ -169,7 +175,7 @@ class ExpProbe:
     def probe(self, repeats: int = 5) -> None:
         last = self.table.shape[0] - self.rows
         for _ in range(repeats):
-            block = self.table[self._position:self._position + self.rows]
+            block = self.table[self._position : self._position + self.rows]
             start = time.perf_counter()
             np.exp(block, out=self.buffer)
             self.samples.append(time.perf_counter() - start)
@@ -181,11 +187,22 @@ class ExpProbe:
         return stat(self.samples) / self.rows * 1e6
 
 
-def run_decoder_cell(benchmark, impl: str, *, vocab_size: int, acceptance: float, gamma: int,
-                     max_new_tokens: int, rounds: int, warmup_rounds: int = 1,
-                     controls: dict | None = None, reference_module=None,
-                     exp_probe: bool = False, kind: str = "decoder",
-                     verification: str = "token") -> dict:
+def run_decoder_cell(
+    benchmark,
+    impl: str,
+    *,
+    vocab_size: int,
+    acceptance: float,
+    gamma: int,
+    max_new_tokens: int,
+    rounds: int,
+    warmup_rounds: int = 1,
+    controls: dict | None = None,
+    reference_module=None,
+    exp_probe: bool = False,
+    kind: str = "decoder",
+    verification: str = "token",
+) -> dict:
     """Benchmark one ``generate`` call of *impl* and fill ``benchmark.extra_info``.
 
     Parameters
@@ -223,12 +240,22 @@ def run_decoder_cell(benchmark, impl: str, *, vocab_size: int, acceptance: float
     if impl == "reference":
         if controls:
             raise ValueError("the reference loop has no top-k / top-p / min-p")
-        run = reference_run(reference_module, draft, target, PROMPT, max_new_tokens, gamma,
-                            seed=SEED)
+        run = reference_run(
+            reference_module, draft, target, PROMPT, max_new_tokens, gamma, seed=SEED
+        )
     else:
         kernels_or_fail(impl)
-        run = specdec_run(draft, target, PROMPT, max_new_tokens, gamma, seed=SEED,
-                          backend=impl, verification=verification, **controls)
+        run = specdec_run(
+            draft,
+            target,
+            PROMPT,
+            max_new_tokens,
+            gamma,
+            seed=SEED,
+            backend=impl,
+            verification=verification,
+            **controls,
+        )
 
     def setup():
         if probe:
@@ -241,8 +268,10 @@ def run_decoder_cell(benchmark, impl: str, *, vocab_size: int, acceptance: float
     outcomes: list = []
     benchmark.pedantic(once, setup=setup, rounds=rounds, warmup_rounds=warmup_rounds)
     # Drop the warm-up rounds (and any extra calls, e.g. --benchmark-cprofile's).
-    timed = [(o.wall, o.decoder, o.stats)
-             for o in outcomes[warmup_rounds:warmup_rounds + rounds] or outcomes]
+    timed = [
+        (o.wall, o.decoder, o.stats)
+        for o in outcomes[warmup_rounds : warmup_rounds + rounds] or outcomes
+    ]
 
     stats = timed[-1][2]  # every round made the same decisions (same seed)
     tokens = stats.total_tokens_generated
@@ -267,29 +296,35 @@ def run_decoder_cell(benchmark, impl: str, *, vocab_size: int, acceptance: float
         "tokens_per_step": stats.tokens_per_step,
         "rows_per_step": rows_per_step,
         "rounds_measured": len(timed),
-        "decoder_time_source": ("wall minus TimedModel forward time" if impl == "reference"
-                                else "stats.decoder_time"),
+        "decoder_time_source": (
+            "wall minus TimedModel forward time" if impl == "reference" else "stats.decoder_time"
+        ),
         "decoder_us_per_token_rounds": [d / tokens * 1e6 for _, d, _ in timed],
     }
     # Headline figures are medians over the rounds; "_min" twins hold the minima (on a
     # shared machine, contention only ever adds time).
     for suffix, stat in (("", statistics.median), ("_min", min)):
         decoder_seconds = stat([d for _, d, _ in timed])
-        extra.update({
-            f"decoder_us_per_token{suffix}": decoder_seconds / tokens * 1e6,
-            f"decoder_us_per_step{suffix}": decoder_seconds / steps * 1e6,
-            f"decoder_ns_per_logit{suffix}":
-                decoder_seconds / (steps * rows_per_step * vocab_size) * 1e9,
-            f"wall_us_per_token{suffix}": stat([w for w, _, _ in timed]) / tokens * 1e6,
-        })
+        extra.update(
+            {
+                f"decoder_us_per_token{suffix}": decoder_seconds / tokens * 1e6,
+                f"decoder_us_per_step{suffix}": decoder_seconds / steps * 1e6,
+                f"decoder_ns_per_logit{suffix}": decoder_seconds
+                / (steps * rows_per_step * vocab_size)
+                * 1e9,
+                f"wall_us_per_token{suffix}": stat([w for w, _, _ in timed]) / tokens * 1e6,
+            }
+        )
         if probe:
             exp_row = probe.us_per_row(stat)
-            extra.update({
-                f"np_exp_us_per_row{suffix}": exp_row,
-                f"np_exp_us_per_step{suffix}": exp_row * rows_per_step,
-                f"step_over_np_exp{suffix}":
-                    extra[f"decoder_us_per_step{suffix}"] / (exp_row * rows_per_step),
-            })
+            extra.update(
+                {
+                    f"np_exp_us_per_row{suffix}": exp_row,
+                    f"np_exp_us_per_step{suffix}": exp_row * rows_per_step,
+                    f"step_over_np_exp{suffix}": extra[f"decoder_us_per_step{suffix}"]
+                    / (exp_row * rows_per_step),
+                }
+            )
     if probe:
         extra["np_exp_probes"] = len(probe.samples)
     benchmark.extra_info.update(extra)

@@ -51,6 +51,7 @@ def val(extra: dict, key: str):
 
 # --- formatting --------------------------------------------------------------------------
 
+
 def num(value, digits: int = 3) -> str:
     """A positive quantity with about ``digits`` significant figures, or a dash."""
     if value is None:
@@ -83,6 +84,7 @@ def fmt_v(v: int) -> str:
 
 # --- loading -----------------------------------------------------------------------------
 
+
 def load(paths: list[str]) -> tuple[list[dict], dict]:
     benchmarks, meta = [], {}
     for path in paths:
@@ -90,8 +92,11 @@ def load(paths: list[str]) -> tuple[list[dict], dict]:
             data = json.load(handle)
         benchmarks += data.get("benchmarks", [])
         if not meta:
-            meta = {"machine": data.get("machine_info", {}), "datetime": data.get("datetime"),
-                    "version": data.get("version")}
+            meta = {
+                "machine": data.get("machine_info", {}),
+                "datetime": data.get("datetime"),
+                "version": data.get("version"),
+            }
     return benchmarks, meta
 
 
@@ -113,6 +118,7 @@ def header_lines(meta: dict, paths: list[str]) -> str:
 
 # --- sections ----------------------------------------------------------------------------
 
+
 def decoder_section(benchmarks: list[dict]) -> str | None:
     cells: dict = defaultdict(dict)
     for b in benchmarks:
@@ -122,7 +128,7 @@ def decoder_section(benchmarks: list[dict]) -> str | None:
     if not cells:
         return None
     rows, step_rows = [], []
-    for (v, g, a) in sorted(cells):
+    for v, g, a in sorted(cells):
         cell = cells[(v, g, a)]
         us = {i: val(cell[i], "decoder_us_per_token") if i in cell else None for i in IMPLS}
         ns = {i: val(cell[i], "decoder_ns_per_logit") if i in cell else None for i in IMPLS}
@@ -130,22 +136,35 @@ def decoder_section(benchmarks: list[dict]) -> str | None:
         spec = cell.get("cython") or cell.get("python")
         tps_ref = cell["reference"]["tokens_per_step"] if "reference" in cell else None
         tps_spec = spec["tokens_per_step"] if spec else None
-        rows.append([
-            fmt_v(v), str(g), f"{a} ({any_cell['acceptance_calibrated']:.3f})",
-            f"{num(tps_ref)} / {num(tps_spec)}",
-            num(us["reference"]), num(us["python"]), num(us["cython"]),
-            ratio(us["reference"], us["cython"]), ratio(us["python"], us["cython"]),
-            ratio(ns["reference"], ns["cython"]),
-        ])
+        rows.append(
+            [
+                fmt_v(v),
+                str(g),
+                f"{a} ({any_cell['acceptance_calibrated']:.3f})",
+                f"{num(tps_ref)} / {num(tps_spec)}",
+                num(us["reference"]),
+                num(us["python"]),
+                num(us["cython"]),
+                ratio(us["reference"], us["cython"]),
+                ratio(us["python"], us["cython"]),
+                ratio(ns["reference"], ns["cython"]),
+            ]
+        )
         c = cell.get("cython")
         if c and "np_exp_us_per_step" in c:
-            step_rows.append([
-                fmt_v(v), str(g), str(a), num(c["rows_per_step"]),
-                num(val(c, "decoder_us_per_step")), num(val(c, "np_exp_us_per_step")),
-                ratio(val(c, "decoder_us_per_step"), val(c, "np_exp_us_per_step")),
-                num(val(c, "decoder_ns_per_logit")),
-                num(val(c, "np_exp_us_per_row") * 1e3 / v),
-            ])
+            step_rows.append(
+                [
+                    fmt_v(v),
+                    str(g),
+                    str(a),
+                    num(c["rows_per_step"]),
+                    num(val(c, "decoder_us_per_step")),
+                    num(val(c, "np_exp_us_per_step")),
+                    ratio(val(c, "decoder_us_per_step"), val(c, "np_exp_us_per_step")),
+                    num(val(c, "decoder_ns_per_logit")),
+                    num(val(c, "np_exp_us_per_row") * 1e3 / v),
+                ]
+            )
     out = [
         "## Decoder: µs per generated token (models excluded)",
         "",
@@ -155,10 +174,22 @@ def decoder_section(benchmarks: list[dict]) -> str | None:
         "`per logit` divides by the logits rows each implementation computed a law for, "
         "which cancels the reference's different random stream.",
         "",
-        table(["V", "γ", "acceptance", "tokens/step ref / specdec", "reference µs/tok",
-               "python µs/tok", "cython µs/tok", "reference / cython",
-               "python / cython", "reference / cython per logit"],
-              rows, "rrrrrrrrrr"),
+        table(
+            [
+                "V",
+                "γ",
+                "acceptance",
+                "tokens/step ref / specdec",
+                "reference µs/tok",
+                "python µs/tok",
+                "cython µs/tok",
+                "reference / cython",
+                "python / cython",
+                "reference / cython per logit",
+            ],
+            rows,
+            "rrrrrrrrrr",
+        ),
     ]
     if step_rows:
         out += [
@@ -168,9 +199,21 @@ def decoder_section(benchmarks: list[dict]) -> str | None:
             "rows/step = γ draft rows + accepted + 1 target rows; `np.exp` timed between "
             "rounds over table rows at moving positions, into a preallocated buffer.",
             "",
-            table(["V", "γ", "acceptance", "rows/step", "cython µs/step",
-                   "np.exp µs/step", "cython / np.exp", "cython ns/logit",
-                   "np.exp ns/logit"], step_rows, "rrrrrrrrr"),
+            table(
+                [
+                    "V",
+                    "γ",
+                    "acceptance",
+                    "rows/step",
+                    "cython µs/step",
+                    "np.exp µs/step",
+                    "cython / np.exp",
+                    "cython ns/logit",
+                    "np.exp ns/logit",
+                ],
+                step_rows,
+                "rrrrrrrrr",
+            ),
         ]
     return "\n".join(out)
 
@@ -181,7 +224,9 @@ def kernel_section(benchmarks: list[dict]) -> str | None:
         e = b.get("extra_info", {})
         if e.get("kind") == "kernel":
             times[(e["op"], e["case"], e["vocab_size"], e["dtype"], e["impl"])] = (
-                b["stats"][STAT] * 1e6, e["rows"])
+                b["stats"][STAT] * 1e6,
+                e["rows"],
+            )
     if not times:
         return None
     shapes = sorted({(k[2], k[3]) for k in times})
@@ -197,15 +242,30 @@ def kernel_section(benchmarks: list[dict]) -> str | None:
             n_rows = (cy or py)[1]
             cy_us = cy[0] if cy else None
             exp_us = exp[0] if exp else None
-            rows.append([
-                f"`{op}`", case, fmt_v(v), dtype, str(n_rows),
-                num(py[0] if py else None), num(cy_us), ratio(py[0] if py else None, cy_us),
-                ratio(cy_us, exp_us),
-                ratio(cy_us, n_rows * exp_us if exp_us is not None else None),
-            ])
-    exp_rows = [[fmt_v(v), dtype, num(times[("np.exp", "one row", v, dtype, "numpy")][0]),
-                 num(times[("np.exp", "one row", v, dtype, "numpy")][0] * 1e3 / v)]
-                for v, dtype in shapes if ("np.exp", "one row", v, dtype, "numpy") in times]
+            rows.append(
+                [
+                    f"`{op}`",
+                    case,
+                    fmt_v(v),
+                    dtype,
+                    str(n_rows),
+                    num(py[0] if py else None),
+                    num(cy_us),
+                    ratio(py[0] if py else None, cy_us),
+                    ratio(cy_us, exp_us),
+                    ratio(cy_us, n_rows * exp_us if exp_us is not None else None),
+                ]
+            )
+    exp_rows = [
+        [
+            fmt_v(v),
+            dtype,
+            num(times[("np.exp", "one row", v, dtype, "numpy")][0]),
+            num(times[("np.exp", "one row", v, dtype, "numpy")][0] * 1e3 / v),
+        ]
+        for v, dtype in shapes
+        if ("np.exp", "one row", v, dtype, "numpy") in times
+    ]
     out = [
         f"## Kernels: {STAT} µs per call (γ = 4 for `verify`)",
         "",
@@ -213,13 +273,30 @@ def kernel_section(benchmarks: list[dict]) -> str | None:
         "residual pass); the last column compares the compiled call with `np.exp` over "
         "that many rows.",
         "",
-        table(["kernel", "case", "V", "dtype", "rows", "python µs", "cython µs",
-               "python / cython", "cython / np.exp(1 row)", "cython / np.exp(rows)"],
-              rows, "llrlrrrrrr"),
+        table(
+            [
+                "kernel",
+                "case",
+                "V",
+                "dtype",
+                "rows",
+                "python µs",
+                "cython µs",
+                "python / cython",
+                "cython / np.exp(1 row)",
+                "cython / np.exp(rows)",
+            ],
+            rows,
+            "llrlrrrrrr",
+        ),
     ]
     if exp_rows:
-        out += ["", "Yardstick, `np.exp(row, out=buffer)`:", "",
-                table(["V", "dtype", "µs per row", "ns per logit"], exp_rows, "rlrr")]
+        out += [
+            "",
+            "Yardstick, `np.exp(row, out=buffer)`:",
+            "",
+            table(["V", "dtype", "µs per row", "ns per logit"], exp_rows, "rlrr"),
+        ]
     return "\n".join(out)
 
 
@@ -247,15 +324,20 @@ def controls_section(benchmarks: list[dict]) -> str | None:
                 continue
             per_token.append(
                 [fmt_v(v), impl, num(plain_us)]
-                + [ratio(get(v, impl, x, "decoder_us_per_token"), plain_us) for x in others])
+                + [ratio(get(v, impl, x, "decoder_us_per_token"), plain_us) for x in others]
+            )
             per_logit.append(
                 [fmt_v(v), impl, num(plain_ns)]
-                + [ratio(get(v, impl, x, "decoder_ns_per_logit"), plain_ns) for x in others])
+                + [ratio(get(v, impl, x, "decoder_ns_per_logit"), plain_ns) for x in others]
+            )
     tps_rows = []
     for v in vocab_sizes:
         impl = "cython" if (v, "cython", "plain") in cells else "python"
-        tps_rows.append([fmt_v(v)] + [num(get(v, impl, x, "tokens_per_step")) for x in VARIANTS]
-                        + [num(get(v, "reference", "plain", "tokens_per_step"))])
+        tps_rows.append(
+            [fmt_v(v)]
+            + [num(get(v, impl, x, "tokens_per_step")) for x in VARIANTS]
+            + [num(get(v, "reference", "plain", "tokens_per_step"))]
+        )
     ref_rows = []
     for v in vocab_sizes:
         ref_us = get(v, "reference", "plain", "decoder_us_per_token")
@@ -264,9 +346,12 @@ def controls_section(benchmarks: list[dict]) -> str | None:
             continue
         ref_rows.append(
             [fmt_v(v), num(ref_us)]
-            + [f"{ratio(ref_us, get(v, 'cython', x, 'decoder_us_per_token'))} "
-               f"({ratio(ref_ns, get(v, 'cython', x, 'decoder_ns_per_logit'))})"
-               for x in VARIANTS])
+            + [
+                f"{ratio(ref_us, get(v, 'cython', x, 'decoder_us_per_token'))} "
+                f"({ratio(ref_ns, get(v, 'cython', x, 'decoder_ns_per_logit'))})"
+                for x in VARIANTS
+            ]
+        )
     labels = [VARIANT_LABELS[x] for x in others]
     gamma = next(iter(cells.values()))["gamma"]
     acceptance = next(iter(cells.values()))["acceptance"]
@@ -277,14 +362,17 @@ def controls_section(benchmarks: list[dict]) -> str | None:
         "Per generated token (what a user sees; the controls also change the acceptance, "
         "see tokens/step below):",
         "",
-        table(["V", "backend", "plain µs/tok"] + [f"{x} / plain" for x in labels],
-              per_token, "rlrrrr"),
+        table(
+            ["V", "backend", "plain µs/tok"] + [f"{x} / plain" for x in labels], per_token, "rlrrrr"
+        ),
         "",
-        "Per logit of the rows whose law was computed (the cost of the controls "
-        "themselves):",
+        "Per logit of the rows whose law was computed (the cost of the controls themselves):",
         "",
-        table(["V", "backend", "plain ns/logit"] + [f"{x} / plain" for x in labels],
-              per_logit, "rlrrrr"),
+        table(
+            ["V", "backend", "plain ns/logit"] + [f"{x} / plain" for x in labels],
+            per_logit,
+            "rlrrrr",
+        ),
         "",
         "Tokens per target step achieved:",
         "",
@@ -297,19 +385,28 @@ def controls_section(benchmarks: list[dict]) -> str | None:
             "backend with each control, per token (per logit in parentheses); above 1× the "
             "compiled backend is faster:",
             "",
-            table(["V", "reference µs/tok", "reference / cython plain"]
-                  + [f"reference / cython {x}" for x in labels], ref_rows, "rrrrrr"),
+            table(
+                ["V", "reference µs/tok", "reference / cython plain"]
+                + [f"reference / cython {x}" for x in labels],
+                ref_rows,
+                "rrrrrr",
+            ),
         ]
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("json", nargs="+", help="pytest-benchmark --benchmark-json output")
-    parser.add_argument("--stat", choices=("median", "min"), default="median",
-                        help="statistic of the rounds to tabulate (default: median; min "
-                             "discards contention, which only ever adds time)")
+    parser.add_argument(
+        "--stat",
+        choices=("median", "min"),
+        default="median",
+        help="statistic of the rounds to tabulate (default: median; min "
+        "discards contention, which only ever adds time)",
+    )
     args = parser.parse_args(argv)
     global STAT
     STAT = args.stat
@@ -318,8 +415,15 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as error:
         print(f"summarize.py: {error}", file=sys.stderr)
         return 2
-    sections = [s for s in (decoder_section(benchmarks), kernel_section(benchmarks),
-                            controls_section(benchmarks)) if s]
+    sections = [
+        s
+        for s in (
+            decoder_section(benchmarks),
+            kernel_section(benchmarks),
+            controls_section(benchmarks),
+        )
+        if s
+    ]
     if not sections:
         print("summarize.py: no specdec bench results in the input", file=sys.stderr)
         return 1

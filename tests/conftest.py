@@ -13,7 +13,12 @@ import pytest
 import specdec
 from specdec._backend import kernels_for
 
-PURE_PYTHON = os.environ.get("SPECDEC_PUREPYTHON", "").strip().lower() not in ("", "0", "false", "no")
+PURE_PYTHON = os.environ.get("SPECDEC_PUREPYTHON", "").strip().lower() not in (
+    "",
+    "0",
+    "false",
+    "no",
+)
 BACKENDS = ["python"] if PURE_PYTHON else ["cython", "python"]
 
 
@@ -60,6 +65,8 @@ def reference_path(request) -> Path:
     path = Path(named) if named else DEFAULT_REFERENCE
     if not path.is_file():
         if named:
-            pytest.fail(f"the reference named by --reference / SPECDEC_REFERENCE is missing: {path}")
+            pytest.fail(
+                f"the reference named by --reference / SPECDEC_REFERENCE is missing: {path}"
+            )
         pytest.skip(f"the reference loop is not beside this checkout ({path})")
     return path

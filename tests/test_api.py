@@ -26,9 +26,9 @@ import inspect
 
 import numpy as np
 import pytest
+from toymodels import ContextModel
 
 from specdec import SpeculativeDecoder, SpeculativeDecodingStats, sample
-from toymodels import ContextModel
 
 DTYPES = [np.float32, np.float64]
 
@@ -80,7 +80,7 @@ class Keeping:
         full = self.model.forward(ids)
         if logits_to_keep is None:
             return full
-        return full[:, full.shape[1] - logits_to_keep - self.extra_rows:]
+        return full[:, full.shape[1] - logits_to_keep - self.extra_rows :]
 
 
 class ForcedModel:
@@ -100,7 +100,7 @@ class ForcedModel:
         ids = np.asarray(ids)[0]
         out = np.full((1, len(ids), self.vocab_size), -np.inf, dtype=self.dtype)
         for i in range(len(ids)):
-            out[0, i, self.rule(ids[:i + 1])] = 0.0
+            out[0, i, self.rule(ids[: i + 1])] = 0.0
         return out
 
 
@@ -115,15 +115,20 @@ def draft_rule(seq):
 
 
 def counts_of(stats):
-    return (stats.total_tokens_generated, stats.total_draft_tokens_proposed,
-            stats.total_draft_tokens_accepted, stats.num_target_forward_passes,
-            stats.num_draft_forward_passes, list(stats.accepted_length_histogram))
+    return (
+        stats.total_tokens_generated,
+        stats.total_draft_tokens_proposed,
+        stats.total_draft_tokens_accepted,
+        stats.num_target_forward_passes,
+        stats.num_draft_forward_passes,
+        list(stats.accepted_length_histogram),
+    )
 
 
 def check_stats(ids, prompt, stats, gamma, max_new_tokens, eos=None, draft=None, target=None):
     """Every invariant a run's statistics must satisfy."""
-    new = ids[len(prompt):]
-    assert ids[:len(prompt)] == list(prompt)
+    new = ids[len(prompt) :]
+    assert ids[: len(prompt)] == list(prompt)
     assert len(new) <= max_new_tokens
     assert stats.total_tokens_generated == len(new)
     assert 0 <= stats.total_draft_tokens_accepted <= stats.total_draft_tokens_proposed
@@ -139,14 +144,16 @@ def check_stats(ids, prompt, stats, gamma, max_new_tokens, eos=None, draft=None,
     assert passes <= stats.total_tokens_generated <= (gamma + 1) * passes
     if passes:
         assert stats.tokens_per_step == stats.total_tokens_generated / passes
-        assert stats.acceptance_rate == (stats.total_draft_tokens_accepted
-                                         / stats.total_draft_tokens_proposed)
+        assert stats.acceptance_rate == (
+            stats.total_draft_tokens_accepted / stats.total_draft_tokens_proposed
+        )
         assert 0.0 <= stats.acceptance_rate <= 1.0
     else:
         assert stats.tokens_per_step == 0.0 and stats.acceptance_rate == 0.0
     assert stats.draft_time >= 0 and stats.target_time >= 0 and stats.decoder_time >= 0
-    assert stats.wall_time == pytest.approx(stats.draft_time + stats.target_time
-                                            + stats.decoder_time)
+    assert stats.wall_time == pytest.approx(
+        stats.draft_time + stats.target_time + stats.decoder_time
+    )
     if eos is not None and eos in new:
         assert new.index(eos) == len(new) - 1, "EOS must end the generation"
     elif max_new_tokens > 0:
@@ -190,7 +197,9 @@ def test_signature_options():
 
 def test_stats_dataclass_has_the_references_fields_and_properties(reference):
     assert dataclasses.is_dataclass(SpeculativeDecodingStats)
-    ref_fields = [(f.name, f.default) for f in dataclasses.fields(reference.SpeculativeDecodingStats)]
+    ref_fields = [
+        (f.name, f.default) for f in dataclasses.fields(reference.SpeculativeDecodingStats)
+    ]
     ours = [(f.name, f.default) for f in dataclasses.fields(SpeculativeDecodingStats)]
     assert len(ref_fields) == 4
     assert ours[:4] == ref_fields
@@ -207,16 +216,24 @@ def test_stats_dataclass_has_the_references_fields_and_properties(reference):
 def test_positional_call_like_the_reference(backend):
     draft, target = ContextModel(6, seed=1), ContextModel(6, seed=2)
     ids, stats = SpeculativeDecoder(3, 0.8, seed=0, backend=backend).generate(
-        draft, target, [1, 2], 9, 4)
+        draft, target, [1, 2], 9, 4
+    )
     check_stats(ids, [1, 2], stats, 3, 9, eos=4)
 
 
 # --- return values -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("prompt", [[3, 1, 4], (3, 1, 4), np.array([3, 1, 4]),
-                                    np.array([3, 1, 4], dtype=np.int32),
-                                    np.array([3, 1, 4], dtype=np.uint8)])
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        [3, 1, 4],
+        (3, 1, 4),
+        np.array([3, 1, 4]),
+        np.array([3, 1, 4], dtype=np.int32),
+        np.array([3, 1, 4], dtype=np.uint8),
+    ],
+)
 def test_returns_a_list_of_python_ints_with_the_prompt(backend, prompt):
     draft, target = ContextModel(5, seed=1), ContextModel(5, seed=2)
     ids, stats = SpeculativeDecoder(4, seed=0, backend=backend).generate(draft, target, prompt, 12)
@@ -230,17 +247,20 @@ def test_returns_a_list_of_python_ints_with_the_prompt(backend, prompt):
         assert type(value) in (int, float, list, dict), (f.name, type(value))
     assert all(type(h) is int for h in stats.accepted_length_histogram)
     assert all(type(h) is int for h in stats.draft_length_histogram)
-    assert all(type(n) is int for counts in stats.drafts_by_source.values()
-               for n in counts.values())
+    assert all(
+        type(n) is int for counts in stats.drafts_by_source.values() for n in counts.values()
+    )
 
 
 def test_prompt_is_not_modified(backend):
     prompt = [1, 2, 3]
     array = np.array(prompt)
     SpeculativeDecoder(2, seed=0, backend=backend).generate(
-        ContextModel(5, seed=1), ContextModel(5, seed=2), prompt, 5)
+        ContextModel(5, seed=1), ContextModel(5, seed=2), prompt, 5
+    )
     SpeculativeDecoder(2, seed=0, backend=backend).generate(
-        ContextModel(5, seed=1), ContextModel(5, seed=2), array, 5)
+        ContextModel(5, seed=1), ContextModel(5, seed=2), array, 5
+    )
     assert prompt == [1, 2, 3] and array.tolist() == [1, 2, 3]
 
 
@@ -266,13 +286,18 @@ def _forms(model):
     def function(ids):
         return model.forward(ids)
 
-    return {"forward": WithForward(), "callable_object": CallableObject(),
-            "function": function, "lambda": lambda ids: model.forward(ids),
-            "bound_method": model.forward}
+    return {
+        "forward": WithForward(),
+        "callable_object": CallableObject(),
+        "function": function,
+        "lambda": lambda ids: model.forward(ids),
+        "bound_method": model.forward,
+    }
 
 
-@pytest.mark.parametrize("form", ["forward", "callable_object", "function", "lambda",
-                                  "bound_method"])
+@pytest.mark.parametrize(
+    "form", ["forward", "callable_object", "function", "lambda", "bound_method"]
+)
 def test_model_forms_give_the_same_tokens(backend, form):
     draft, target = ContextModel(6, seed=1), ContextModel(6, seed=2)
     decoder = SpeculativeDecoder(3, 0.9, backend=backend)
@@ -308,7 +333,8 @@ def test_float32_float64_and_mixed_logits(backend, draft_dtype, target_dtype, te
     draft = Counting(ContextModel(7, seed=11, dtype=draft_dtype))
     target = Counting(ContextModel(7, seed=12, dtype=target_dtype))
     ids, stats = SpeculativeDecoder(3, temperature, backend=backend).generate(
-        draft, target, [2, 5], 25, rng=1)
+        draft, target, [2, 5], 25, rng=1
+    )
     assert all(0 <= t < 7 for t in ids)
     check_stats(ids, [2, 5], stats, 3, 25, draft=draft, target=target)
     if temperature == 0.0:  # greedy: the target's own argmax chain, whatever the dtypes
@@ -334,8 +360,9 @@ def test_logits_to_keep_counts(backend, gamma, temperature):
     # keep = drafts of the pass + 1: the keeps add up to the drafts proposed
     assert sum(k - 1 for k in target.keeps) == stats.total_draft_tokens_proposed
     # and the trailing rows are the right ones: same run as with full logits
-    full_ids, full_stats = decoder.generate(ContextModel(6, seed=21), ContextModel(6, seed=22),
-                                            [0, 3], 30, rng=9)
+    full_ids, full_stats = decoder.generate(
+        ContextModel(6, seed=21), ContextModel(6, seed=22), [0, 3], 30, rng=9
+    )
     assert ids == full_ids and counts_of(stats) == counts_of(full_stats)
 
 
@@ -353,7 +380,8 @@ def test_logits_to_keep_wrong_row_count_is_a_clear_error(backend, which, extra_r
     models[which] = Keeping(models[which], extra_rows=extra_rows)
     with pytest.raises(ValueError, match=rf"{which}_model.*logits_to_keep"):
         SpeculativeDecoder(3, backend=backend).generate(
-            models["draft"], models["target"], list(range(5)) * 30, 10, rng=0)
+            models["draft"], models["target"], list(range(5)) * 30, 10, rng=0
+        )
 
 
 def test_logits_to_keep_keyword_only_is_detected(backend):
@@ -397,10 +425,14 @@ def test_models_get_read_only_int64_ids(backend):
 
     prompt = [4, 0, 2]
     ids, stats = SpeculativeDecoder(3, backend=backend).generate(
-        Inspecting(ContextModel(5, seed=1), "d"), Inspecting(ContextModel(5, seed=2), "t"),
-        prompt, 12, rng=3)
+        Inspecting(ContextModel(5, seed=1), "d"),
+        Inspecting(ContextModel(5, seed=2), "t"),
+        prompt,
+        12,
+        rng=3,
+    )
     assert len(seen) == stats.num_draft_forward_passes + stats.num_target_forward_passes
-    for name, sequence in seen:
+    for _name, sequence in seen:
         assert sequence[:3] == prompt and all(0 <= t < 5 for t in sequence)
     # the last target call saw the final sequence up to its last (at most gamma) drafts
     last_target = [s for n, s in seen if n == "t"][-1]
@@ -427,7 +459,7 @@ def test_ids_are_a_view_valid_during_the_call_only(backend):
     # its step, is a prefix of the final output
     for seen in target.kept:
         accepted = seen[0, :-4] if seen.shape[1] > 6 else seen[0, :2]
-        assert ids[:len(accepted)] == accepted.tolist()
+        assert ids[: len(accepted)] == accepted.tolist()
 
 
 # --- statistics --------------------------------------------------------------------------
@@ -446,9 +478,10 @@ def test_stats_invariants_over_many_seeded_runs(backend):
         draft = Counting(ContextModel(vocab, seed=run))
         target = Counting(ContextModel(vocab, seed=run + 1000))
         ids, stats = SpeculativeDecoder(gamma, temperature, backend=backend).generate(
-            draft, target, prompt, max_new_tokens, eos, rng=run)
+            draft, target, prompt, max_new_tokens, eos, rng=run
+        )
         check_stats(ids, prompt, stats, gamma, max_new_tokens, eos, draft, target)
-        eos_hits += eos is not None and eos in ids[len(prompt):]
+        eos_hits += eos is not None and eos in ids[len(prompt) :]
     assert eos_hits > 5  # the EOS branch of the invariants was exercised
 
 
@@ -459,10 +492,13 @@ def test_max_new_tokens_below_gamma(backend, max_new_tokens):
             draft = Keeping(ContextModel(5, seed=1))
             target = Keeping(ContextModel(5, seed=2))
             ids, stats = SpeculativeDecoder(8, temperature, backend=backend).generate(
-                draft, target, [1], max_new_tokens, rng=seed)
+                draft, target, [1], max_new_tokens, rng=seed
+            )
             assert len(ids) == 1 + max_new_tokens
-            assert stats.total_draft_tokens_proposed <= max_new_tokens + (
-                stats.num_target_forward_passes - 1) * 8
+            assert (
+                stats.total_draft_tokens_proposed
+                <= max_new_tokens + (stats.num_target_forward_passes - 1) * 8
+            )
             assert all(k <= max_new_tokens + 1 for k in target.keeps)
             check_stats(ids, [1], stats, 8, max_new_tokens)
 
@@ -473,9 +509,13 @@ def test_max_new_tokens_below_gamma(backend, max_new_tokens):
 def _run(backend, **kwargs):
     rng = kwargs.pop("rng", None)
     decoder = SpeculativeDecoder(3, 1.0, backend=backend, **kwargs)
-    return decoder.generate(ContextModel(40, seed=5, scale=0.7), ContextModel(40, seed=6,
-                                                                              scale=0.7),
-                            [1, 2], 40, rng=rng)
+    return decoder.generate(
+        ContextModel(40, seed=5, scale=0.7),
+        ContextModel(40, seed=6, scale=0.7),
+        [1, 2],
+        40,
+        rng=rng,
+    )
 
 
 def test_same_seed_same_tokens(backend):
@@ -546,8 +586,10 @@ def test_sample_reproducibility(backend, global_numpy_state):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("controls", [{}, {"top_k": 3}, {"top_p": 0.7}, {"min_p": 0.1},
-                                      {"top_k": 5, "top_p": 0.9, "min_p": 0.05}])
+@pytest.mark.parametrize(
+    "controls",
+    [{}, {"top_k": 3}, {"top_p": 0.7}, {"min_p": 0.1}, {"top_k": 5, "top_p": 0.9, "min_p": 0.05}],
+)
 def test_identical_models_accept_every_draft(backend, dtype, controls):
     """p == q > 0 at every draft token, and u * q < p holds for every u in [0, 1)."""
     for seed in range(8):
@@ -555,16 +597,17 @@ def test_identical_models_accept_every_draft(backend, dtype, controls):
             model = ContextModel(8, seed=seed, dtype=dtype, scale=2.5)
             twin = ContextModel(8, seed=seed, dtype=dtype, scale=2.5)
             gamma = 1 + seed % 6
-            ids, stats = SpeculativeDecoder(gamma, temperature, backend=backend,
-                                            **controls).generate(model, twin, [seed % 8],
-                                                                 30, rng=seed)
+            ids, stats = SpeculativeDecoder(
+                gamma, temperature, backend=backend, **controls
+            ).generate(model, twin, [seed % 8], 30, rng=seed)
             assert stats.total_draft_tokens_accepted == stats.total_draft_tokens_proposed
             assert stats.acceptance_rate == 1.0
             # every pass but a budget-truncated last one keeps all gamma drafts
             assert sum(stats.accepted_length_histogram[:gamma]) <= 1
             # the same object as both models
-            _, same = SpeculativeDecoder(gamma, temperature, backend=backend,
-                                         **controls).generate(model, model, [1], 20, rng=seed)
+            _, same = SpeculativeDecoder(gamma, temperature, backend=backend, **controls).generate(
+                model, model, [1], 20, rng=seed
+            )
             assert same.acceptance_rate == 1.0
 
 
@@ -573,43 +616,55 @@ def test_largest_uniform_below_one_still_accepts():
     every normal q above the smallest one (below it, weights are flushed to 0 anyway:
     a draft of probability < 1e-307 is drawn with probability < 1e-307)."""
     u = np.nextafter(1.0, 0.0)
-    q = np.concatenate([2.0 ** -np.arange(0, 1022), np.random.default_rng(0).random(1000),
-                        [2 * np.finfo(np.float64).tiny, 1e-300, 0.3, 1.0]])
+    q = np.concatenate(
+        [
+            2.0 ** -np.arange(0, 1022),
+            np.random.default_rng(0).random(1000),
+            [2 * np.finfo(np.float64).tiny, 1e-300, 0.3, 1.0],
+        ]
+    )
     assert np.all(u * q < q)
 
 
 # --- parity with the reference loop (distribution-free cases) -------------------------------
 
 
-def test_reference_and_specdec_accept_everything_with_identical_models(reference, backend,
-                                                                       global_numpy_state):
+def test_reference_and_specdec_accept_everything_with_identical_models(
+    reference, backend, global_numpy_state
+):
     for seed in range(5):
         model = ContextModel(6, seed=seed, scale=1.0)
         np.random.seed(seed)
         ref_ids, ref_stats = reference.SpeculativeDecoder(4, 1.0).generate(model, model, [1], 21)
         ids, stats = SpeculativeDecoder(4, 1.0, verification="token", backend=backend).generate(
-            model, model, [1], 21, rng=seed)
+            model, model, [1], 21, rng=seed
+        )
         for s, n in ((ref_stats, len(ref_ids)), (stats, len(ids))):
             assert s.acceptance_rate == 1.0 and n == 22
         # no rejections: 21 tokens = 4 passes of 4 + bonus, then 1 drafted token
-        assert ((ref_stats.num_target_forward_passes, ref_stats.total_draft_tokens_proposed)
-                == (stats.num_target_forward_passes, stats.total_draft_tokens_proposed) == (5, 17))
+        assert (
+            (ref_stats.num_target_forward_passes, ref_stats.total_draft_tokens_proposed)
+            == (stats.num_target_forward_passes, stats.total_draft_tokens_proposed)
+            == (5, 17)
+        )
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 3, 5])
 @pytest.mark.parametrize("eos", [None, 4])
 @pytest.mark.parametrize("max_new_tokens", [1, 7, 16])
-def test_forced_outcome_matches_the_reference(reference, backend, gamma, eos, max_new_tokens,
-                                              global_numpy_state):
+def test_forced_outcome_matches_the_reference(
+    reference, backend, gamma, eos, max_new_tokens, global_numpy_state
+):
     """One-hot logits force every decision: same tokens and the same four stats."""
     np.random.seed(0)
     for dtype in DTYPES:
         draft, target = ForcedModel(7, draft_rule, dtype), ForcedModel(7, target_rule, dtype)
         ref_ids, ref_stats = reference.SpeculativeDecoder(gamma, 1.0).generate(
-            draft, target, [2, 5], max_new_tokens, eos)
-        ids, stats = SpeculativeDecoder(gamma, 1.0, verification="token",
-                                        backend=backend).generate(
-            draft, target, [2, 5], max_new_tokens, eos, rng=0)
+            draft, target, [2, 5], max_new_tokens, eos
+        )
+        ids, stats = SpeculativeDecoder(gamma, 1.0, verification="token", backend=backend).generate(
+            draft, target, [2, 5], max_new_tokens, eos, rng=0
+        )
         assert ids == ref_ids
         assert dataclasses.astuple(ref_stats) == counts_of(stats)[:4]
         check_stats(ids, [2, 5], stats, gamma, max_new_tokens, eos=eos)
@@ -619,10 +674,10 @@ def test_forced_outcome_matches_the_reference(reference, backend, gamma, eos, ma
 
 
 @pytest.mark.parametrize("gamma", [1, 4])
-def test_greedy_matches_the_references_near_greedy(reference, backend, gamma,
-                                                   global_numpy_state):
+def test_greedy_matches_the_references_near_greedy(reference, backend, gamma, global_numpy_state):
     """The reference clamps temperature 0 to 1e-5; with well-separated maxima that is
     greedy decoding (runner-ups get weight < exp(-100)), so tokens and stats agree."""
+
     def separated(model):  # no near-ties at the maximum of any row
         top2 = np.sort(model.table, axis=-1)[..., -2:]
         return np.min(top2[..., 1] - top2[..., 0]) > 1e-3
@@ -634,9 +689,11 @@ def test_greedy_matches_the_references_near_greedy(reference, backend, gamma,
         draft, target = models[2 * seed], models[2 * seed + 1]
         np.random.seed(seed)
         ref_ids, ref_stats = reference.SpeculativeDecoder(gamma, 0.0).generate(
-            draft, target, [0, 1], 24, 5)
-        ids, stats = SpeculativeDecoder(gamma, 0.0, verification="token",
-                                        backend=backend).generate(draft, target, [0, 1], 24, 5)
+            draft, target, [0, 1], 24, 5
+        )
+        ids, stats = SpeculativeDecoder(gamma, 0.0, verification="token", backend=backend).generate(
+            draft, target, [0, 1], 24, 5
+        )
         assert ids == ref_ids
         assert dataclasses.astuple(ref_stats) == counts_of(stats)[:4]
 
@@ -658,14 +715,14 @@ class _EosFirst:
 def test_large_budget_with_early_eos_reference_behaviour(reference, global_numpy_state):
     """The reference handles a huge budget that EOS cuts short (it appends to a list)."""
     np.random.seed(0)
-    ids, _ = reference.SpeculativeDecoder(2, 1.0).generate(_EosFirst(), _EosFirst(), [1],
-                                                           10**12, 3)
+    ids, _ = reference.SpeculativeDecoder(2, 1.0).generate(_EosFirst(), _EosFirst(), [1], 10**12, 3)
     assert ids == [1, 3]
 
 
 def test_large_budget_with_early_eos(backend):
-    ids, _ = SpeculativeDecoder(2, backend=backend).generate(_EosFirst(), _EosFirst(), [1],
-                                                             10**12, 3, rng=0)
+    ids, _ = SpeculativeDecoder(2, backend=backend).generate(
+        _EosFirst(), _EosFirst(), [1], 10**12, 3, rng=0
+    )
     assert ids == [1, 3]
 
 
@@ -697,7 +754,7 @@ def test_verify_gets_the_draft_weights_sample_token_made(backend):
     decoder.generate(ContextModel(6, seed=3), ContextModel(6, seed=4), [1, 2], 30, rng=0)
     # every verified draft row is the one produced for it (passes line up in order)
     assert len(spy.produced) == len(spy.verified) > 0
-    for made, used in zip(spy.produced, spy.verified):
+    for made, used in zip(spy.produced, spy.verified, strict=False):
         assert np.array_equal(made, used)
 
 
@@ -713,5 +770,10 @@ def test_draft_changing_dtype_between_calls(backend):
     # a model must keep one logits dtype: a change is a clear error, never a wrong q
     decoder = SpeculativeDecoder(4, 1.0, backend=backend)
     with pytest.raises(TypeError, match="draft_model returned float64 logits after float32"):
-        decoder.generate(Alternating(ContextModel(6, seed=3, dtype=np.float32)),
-                         ContextModel(6, seed=4), [1, 2], 30, rng=0)
+        decoder.generate(
+            Alternating(ContextModel(6, seed=3, dtype=np.float32)),
+            ContextModel(6, seed=4),
+            [1, 2],
+            30,
+            rng=0,
+        )

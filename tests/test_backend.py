@@ -9,13 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import PURE_PYTHON
 
 import specdec
 from specdec._backend import KERNEL_FUNCTIONS, available_backends, kernels_for
 from specdec._common import LAW_DTYPE
 from specdec._validation import SamplingControls
-
-from conftest import PURE_PYTHON
 
 
 def test_default_backend_is_compiled_unless_pure_python_is_asked_for():
@@ -49,8 +48,9 @@ def test_decoder_reports_its_backend(backend):
 def test_environment_variable_forces_python_at_import():
     code = "import specdec; print(specdec.BACKEND)"
     env = dict(os.environ, SPECDEC_PUREPYTHON="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "python"
 
 
@@ -61,9 +61,13 @@ needs_core = pytest.mark.skipif(PURE_PYTHON, reason="no compiled core in a pure-
 
 def _public(module):
     """The callables a kernel module defines itself (not what it imports)."""
-    return {name for name, value in vars(module).items()
-            if not name.startswith("_") and callable(value)
-            and getattr(value, "__module__", None) == module.__name__}
+    return {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and callable(value)
+        and getattr(value, "__module__", None) == module.__name__
+    }
 
 
 @needs_core
@@ -89,7 +93,8 @@ def _stub_signatures():
         if isinstance(node, ast.FunctionDef):
             args = node.args
             defaults = [None] * (len(args.args) - len(args.defaults)) + [
-                ast.literal_eval(d) for d in args.defaults]
+                ast.literal_eval(d) for d in args.defaults
+            ]
             out[node.name] = [(a.arg, d) for a, d in zip(args.args, defaults, strict=True)]
         elif isinstance(node, ast.ClassDef):
             out[node.name] = None
@@ -134,28 +139,39 @@ def _bad_calls(kernels):
     law1, w1 = np.zeros(1, LAW_DTYPE), np.empty(V, np.float32)
     nan_row = np.full(V, np.nan, dtype=np.float32)
     return {
-        "sample_token: NaN row": lambda: kernels.sample_token(nan_row, controls, rng, law1, w1,
-                                                              work),
+        "sample_token: NaN row": lambda: kernels.sample_token(
+            nan_row, controls, rng, law1, w1, work
+        ),
         "sample_token: wrong size": lambda: kernels.sample_token(
-            np.zeros(V + 1, np.float32), controls, rng, law1, w1, work),
+            np.zeros(V + 1, np.float32), controls, rng, law1, w1, work
+        ),
         "sample_token: float16": lambda: kernels.sample_token(
-            np.zeros(V, np.float16), controls, rng, law1, w1, work),
-        "row_laws: laws of floats": lambda: kernels.row_laws(rows, controls, np.zeros(3), rows.copy(),
-                                                             work),
+            np.zeros(V, np.float16), controls, rng, law1, w1, work
+        ),
+        "row_laws: laws of floats": lambda: kernels.row_laws(
+            rows, controls, np.zeros(3), rows.copy(), work
+        ),
         "row_laws: weights of another dtype": lambda: kernels.row_laws(
-            rows, controls, np.zeros(3, LAW_DTYPE), rows.astype(np.float64), work),
+            rows, controls, np.zeros(3, LAW_DTYPE), rows.astype(np.float64), work
+        ),
         "verify: rows for another count": lambda: kernels.verify(
-            rows[:2], tokens, weights, laws, True, controls, rng, work, False),
+            rows[:2], tokens, weights, laws, True, controls, rng, work, False
+        ),
         "verify: token outside V": lambda: kernels.verify(
-            rows, np.array([1, V]), weights, laws, True, controls, rng, work, False),
+            rows, np.array([1, V]), weights, laws, True, controls, rng, work, False
+        ),
         "verify: weights without laws": lambda: kernels.verify(
-            rows, tokens, weights, None, True, controls, rng, work, False),
+            rows, tokens, weights, None, True, controls, rng, work, False
+        ),
         "verify: block not a bool": lambda: kernels.verify(
-            rows, tokens, None, None, True, controls, rng, work, "yes"),
+            rows, tokens, None, None, True, controls, rng, work, "yes"
+        ),
         "verify: float tokens": lambda: kernels.verify(
-            rows, tokens.astype(float), None, None, True, controls, rng, work, True),
+            rows, tokens.astype(float), None, None, True, controls, rng, work, True
+        ),
         "verify: NaN target row": lambda: kernels.verify(
-            np.vstack([nan_row] * 3), tokens, None, None, True, controls, rng, work, True),
+            np.vstack([nan_row] * 3), tokens, None, None, True, controls, rng, work, True
+        ),
     }
 
 

@@ -37,12 +37,12 @@ import math
 
 import numpy as np
 import pytest
+from toymodels import ContextModel, enumerate_joint_law, pooled_chisquare, warped_probs
 
 import specdec
 from specdec._backend import kernels_for
 from specdec._common import LAW_DTYPE
 from specdec._validation import SamplingControls
-from toymodels import ContextModel, enumerate_joint_law, pooled_chisquare, warped_probs
 
 N_RUNS = 4_000
 ALPHA = 1e-3
@@ -64,8 +64,9 @@ class LookupDrafter:
         return np.asarray(out, dtype=np.int64)
 
 
-def generate_one_hot(kernels, target, drafter, prompt, n_tokens, gamma, controls, rng, block,
-                     verify=None):
+def generate_one_hot(
+    kernels, target, drafter, prompt, n_tokens, gamma, controls, rng, block, verify=None
+):
     """A step loop of one-hot verification: propose, score, ``verify``, append."""
     verify = verify or kernels.verify
     sequence = list(prompt)
@@ -73,37 +74,55 @@ def generate_one_hot(kernels, target, drafter, prompt, n_tokens, gamma, controls
     while len(sequence) - len(prompt) < n_tokens:
         drafts = drafter.propose(sequence, min(gamma, n_tokens - (len(sequence) - len(prompt))))
         ids = np.asarray([sequence + drafts.tolist()], dtype=np.int64)
-        rows = np.ascontiguousarray(target.forward(ids)[0, -(len(drafts) + 1):])
+        rows = np.ascontiguousarray(target.forward(ids)[0, -(len(drafts) + 1) :])
         n_accepted, token = verify(rows, drafts, None, None, True, controls, rng, work, block)
         sequence += drafts[:n_accepted].tolist() + [token]
-    return tuple(sequence[len(prompt):len(prompt) + n_tokens])
+    return tuple(sequence[len(prompt) : len(prompt) + n_tokens])
 
 
 ONE_HOT_CONFIGS = {
     # id: (vocab, gamma, controls, dtype, target seed, drafter seed, prompt, n_tokens)
     "plain": (4, 3, dict(temperature=1.0), np.float64, 11, 14, (0,), 4),
     "hot_f32": (5, 4, dict(temperature=0.6), np.float32, 21, 25, (3, 1), 3),
-    "controls": (6, 2, dict(temperature=1.2, top_k=4, top_p=0.9, min_p=0.05), np.float32, 31,
-                 62, (2,), 3),
+    "controls": (
+        6,
+        2,
+        dict(temperature=1.2, top_k=4, top_p=0.9, min_p=0.05),
+        np.float32,
+        31,
+        62,
+        (2,),
+        3,
+    ),
 }
 
 
 def one_hot_setup(config_id):
-    vocab, gamma, controls, dtype, target_seed, drafter_seed, prompt, n_tokens = \
-        ONE_HOT_CONFIGS[config_id]
+    vocab, gamma, controls, dtype, target_seed, drafter_seed, prompt, n_tokens = ONE_HOT_CONFIGS[
+        config_id
+    ]
     target = ContextModel(vocab, seed=target_seed, dtype=dtype)
     law = enumerate_joint_law(target, list(prompt), n_tokens, **controls)
-    return (target, LookupDrafter(vocab, drafter_seed), prompt, n_tokens, gamma,
-            SamplingControls.from_user(**controls), law)
+    return (
+        target,
+        LookupDrafter(vocab, drafter_seed),
+        prompt,
+        n_tokens,
+        gamma,
+        SamplingControls.from_user(**controls),
+        law,
+    )
 
 
 def run_one_hot(kernels, config_id, block, verify=None, n_runs=N_RUNS):
     target, drafter, prompt, n_tokens, gamma, controls, law = one_hot_setup(config_id)
     rng = np.random.default_rng(hash(config_id) % 2**32 + 7 * block)
     counts = collections.Counter(
-        generate_one_hot(kernels, target, drafter, prompt, n_tokens, gamma, controls, rng,
-                         block, verify)
-        for _ in range(n_runs))
+        generate_one_hot(
+            kernels, target, drafter, prompt, n_tokens, gamma, controls, rng, block, verify
+        )
+        for _ in range(n_runs)
+    )
     return counts, law
 
 
@@ -113,15 +132,18 @@ def test_one_hot_configs_propose_tokens_the_target_rejects():
     controls it also proposes tokens the warped target forbids (the p(x) = 0 rule)."""
     for config_id in ONE_HOT_CONFIGS:
         target, drafter, prompt, _, _, controls, _ = one_hot_setup(config_id)
-        c = dict(temperature=controls.temperature, top_k=controls.top_k or None,
-                 top_p=controls.top_p, min_p=controls.min_p)
+        c = dict(
+            temperature=controls.temperature,
+            top_k=controls.top_k or None,
+            top_p=controls.top_p,
+            min_p=controls.min_p,
+        )
         probs = []
         for first in range(target.vocab_size):
             for sequence in (list(prompt), list(prompt) + [first]):
                 x = int(drafter.propose(sequence, 1)[0])
                 probs.append(warped_probs(target.next_logits(sequence), **c)[x])
-        assert max(probs) > 0.5 and min(probs) < 0.2 and np.mean(probs) > 0.3, (config_id,
-                                                                                 probs)
+        assert max(probs) > 0.5 and min(probs) < 0.2 and np.mean(probs) > 0.3, (config_id, probs)
         if config_id == "controls":
             assert min(probs) == 0.0
 
@@ -131,8 +153,10 @@ def test_one_hot_configs_propose_tokens_the_target_rejects():
 def test_one_hot_joint_law_is_the_targets(kernels, config_id, block):
     counts, law = run_one_hot(kernels, config_id, block)
     result = pooled_chisquare(counts, law)
-    print(f"one-hot [{kernels.__name__}, {config_id}, block={block}]: "
-          f"chi2={result.statistic:.1f} dof={result.dof} p={result.pvalue:.3g}")
+    print(
+        f"one-hot [{kernels.__name__}, {config_id}, block={block}]: "
+        f"chi2={result.statistic:.1f} dof={result.dof} p={result.pvalue:.3g}"
+    )
     assert result.impossible == 0
     assert result.pvalue > ALPHA, result
 
@@ -144,8 +168,9 @@ def test_power_rejects_keeping_every_one_hot_draft(block):
 
     def keep_every_draft(rows, drafts, weights, laws, bonus, controls, rng, work, block):
         n = len(drafts)
-        _, token = kernels.verify(rows[n:], drafts[:0], None, None, True, controls, rng, work,
-                                  block)
+        _, token = kernels.verify(
+            rows[n:], drafts[:0], None, None, True, controls, rng, work, block
+        )
         return n, token
 
     counts, law = run_one_hot(kernels, "plain", block, verify=keep_every_draft)
@@ -168,8 +193,11 @@ def exact_expected_kept(draft, target, prompt, gamma, temperature, one_hot=None)
     independently of the kernels.
     """
     vocab = target.vocab_size
-    blocks = ([tuple(one_hot.propose(list(prompt), gamma))] if one_hot is not None
-              else itertools.product(range(vocab), repeat=gamma))
+    blocks = (
+        [tuple(one_hot.propose(list(prompt), gamma))]
+        if one_hot is not None
+        else itertools.product(range(vocab), repeat=gamma)
+    )
     token_mean = block_mean = 0.0
     for xs in blocks:
         prefix, q_block, ratio = list(prompt), 1.0, 1.0
@@ -238,8 +266,9 @@ def test_block_keeps_at_least_as_many_tokens_in_expectation(drafts):
         draft = ContextModel(vocab, seed=200 + seed, scale=1.0 + 0.2 * (seed % 4))
         one_hot = LookupDrafter(vocab, 300 + seed) if drafts == "one_hot" else None
         for temperature in (0.7, 1.0, 1.5):
-            token, block = exact_expected_kept(draft, target, [seed % vocab], gamma,
-                                               temperature, one_hot)
+            token, block = exact_expected_kept(
+                draft, target, [seed % vocab], gamma, temperature, one_hot
+            )
             assert block >= token - 1e-12, (seed, temperature, token, block)
             strictly += block > token + 1e-6
             if drafts == "one_hot":
@@ -262,17 +291,20 @@ def _mean_kept(kernels, draft, target, prompt, gamma, controls, n_calls, seed, o
             tokens = np.empty(gamma, dtype=np.int64)
             for i in range(gamma):
                 row = draft.forward(np.asarray([sequence]))[0, -1].astype(np.float64)
-                tokens[i] = kernels.sample_token(row, controls, rng, laws[i:i + 1], weights[i],
-                                                 work)
+                tokens[i] = kernels.sample_token(
+                    row, controls, rng, laws[i : i + 1], weights[i], work
+                )
                 sequence.append(int(tokens[i]))
         ids = np.asarray([list(prompt) + tokens.tolist()])
-        rows = np.ascontiguousarray(target.forward(ids)[0, -(gamma + 1):])
+        rows = np.ascontiguousarray(target.forward(ids)[0, -(gamma + 1) :])
         if one_hot is not None:
-            kept[call] = kernels.verify(rows, tokens, None, None, False, controls, rng, work,
-                                        True)[0]
+            kept[call] = kernels.verify(rows, tokens, None, None, False, controls, rng, work, True)[
+                0
+            ]
         else:
-            kept[call] = kernels.verify(rows, tokens, weights, laws, False, controls, rng, work,
-                                        True)[0]
+            kept[call] = kernels.verify(
+                rows, tokens, weights, laws, False, controls, rng, work, True
+            )[0]
     return kept.mean(), kept.std() / math.sqrt(n_calls)
 
 
@@ -283,8 +315,9 @@ def test_kernel_kept_length_matches_the_exact_expectation(kernels, drafts):
     draft = ContextModel(vocab, seed=42, scale=1.0)
     one_hot = LookupDrafter(vocab, 43) if drafts == "one_hot" else None
     token, block = exact_expected_kept(draft, target, [1], gamma, temperature, one_hot)
-    mean, stderr = _mean_kept(kernels, draft, target, [1], gamma,
-                              SamplingControls(temperature), 4000, 5, one_hot)
+    mean, stderr = _mean_kept(
+        kernels, draft, target, [1], gamma, SamplingControls(temperature), 4000, 5, one_hot
+    )
     assert abs(mean - block) < 5 * stderr, (mean, stderr, block, token)
     if drafts == "model":  # the comparison can tell the schemes apart
         assert block > token + 0.02
@@ -301,32 +334,56 @@ def test_greedy_block_is_greedy_token(kernels, one_hot):
     for trial in range(200):
         vocab, n = int(rng.integers(1, 8)), int(rng.integers(0, 5))
         rows = np.round(rng.standard_normal((n + 1, vocab)))
-        tokens = np.where(rng.random(n) < 0.7, np.argmax(rows[:n], axis=1),
-                          rng.integers(0, vocab, n)).astype(np.int64)
+        tokens = np.where(
+            rng.random(n) < 0.7, np.argmax(rows[:n], axis=1), rng.integers(0, vocab, n)
+        ).astype(np.int64)
         weights = None if one_hot else np.zeros((n, vocab))
         laws = None if one_hot else np.zeros(n, LAW_DTYPE)
-        out = [kernels.verify(rows, tokens, weights, laws, bool(trial % 2), controls, rng,
-                              kernels.Workspace(vocab), block) for block in (False, True)]
+        out = [
+            kernels.verify(
+                rows,
+                tokens,
+                weights,
+                laws,
+                bool(trial % 2),
+                controls,
+                rng,
+                kernels.Workspace(vocab),
+                block,
+            )
+            for block in (False, True)
+        ]
         assert out[0] == out[1]
 
 
 def _args(**changes):
-    args = dict(target_rows=np.zeros((3, 5)), draft_tokens=np.array([1, 2]),
-                draft_weights=None, draft_laws=None, bonus=True, controls=SamplingControls(),
-                rng=np.random.default_rng(0), work=None, block=True)
+    args = dict(
+        target_rows=np.zeros((3, 5)),
+        draft_tokens=np.array([1, 2]),
+        draft_weights=None,
+        draft_laws=None,
+        bonus=True,
+        controls=SamplingControls(),
+        rng=np.random.default_rng(0),
+        work=None,
+        block=True,
+    )
     args.update(changes)
     return args
 
 
-@pytest.mark.parametrize("change, error, match", [
-    (dict(draft_weights=np.ones((2, 5))), ValueError, "both"),
-    (dict(draft_laws=np.zeros(2, LAW_DTYPE)), ValueError, "both"),
-    (dict(block="yes"), TypeError, "block"),
-    (dict(block=1), TypeError, "block"),
-    (dict(controls=(1.0, 0, 1.0, 0.0)), TypeError, "controls"),
-    (dict(draft_tokens=np.array([1.0, 2.0])), TypeError, "draft_tokens"),
-    (dict(draft_tokens=np.array([1, 5])), ValueError, "draft token 5"),
-])
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (dict(draft_weights=np.ones((2, 5))), ValueError, "both"),
+        (dict(draft_laws=np.zeros(2, LAW_DTYPE)), ValueError, "both"),
+        (dict(block="yes"), TypeError, "block"),
+        (dict(block=1), TypeError, "block"),
+        (dict(controls=(1.0, 0, 1.0, 0.0)), TypeError, "controls"),
+        (dict(draft_tokens=np.array([1.0, 2.0])), TypeError, "draft_tokens"),
+        (dict(draft_tokens=np.array([1, 5])), ValueError, "draft token 5"),
+    ],
+)
 def test_verify_rejects_bad_new_arguments(kernels, change, error, match):
     args = _args(**change)
     args["work"] = kernels.Workspace(5)

@@ -478,7 +478,9 @@ def test_instrumented_model_slices_for_models_without_logits_to_keep():
             return model.forward(ids)
 
     calls = []
-    wrapped = demo_models.InstrumentedModel(Whole(), on_call=lambda length, n: calls.append((length, n)))
+    wrapped = demo_models.InstrumentedModel(
+        Whole(), on_call=lambda length, n: calls.append((length, n))
+    )
     ids = np.array([ngram_data.encode("abcab")])
     np.testing.assert_array_equal(wrapped.forward(ids, logits_to_keep=2), model.forward(ids)[:, 3:])
     assert wrapped.forward(ids).shape == (1, 5, 256)

@@ -45,12 +45,19 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from toymodels import (
+    ContextModel,
+    SparseVocabModel,
+    enumerate_joint_law,
+    new_tokens,
+    pooled_chisquare,
+    reachable_rows,
+    warped_probs,
+)
 
 import specdec
 from specdec._backend import kernels_for
 from specdec._validation import SamplingControls
-from toymodels import (ContextModel, SparseVocabModel, enumerate_joint_law, new_tokens,
-                       pooled_chisquare, reachable_rows, warped_probs)
 
 N_RUNS = 10_000
 ALPHA = 1e-3
@@ -61,7 +68,7 @@ MARGIN = 1e-5
 @dataclass(frozen=True)
 class Config:
     id: str
-    controls: dict                 # temperature, top_k, top_p, min_p
+    controls: dict  # temperature, top_k, top_p, min_p
     gamma: int
     max_new_tokens: int
     n_tokens: int
@@ -75,51 +82,116 @@ class Config:
     scale: float = 1.5
     draft_dtype: type = np.float64
     target_dtype: type = np.float64
-    live: tuple | None = None      # a SparseVocabModel over these ids of a large vocabulary
+    live: tuple | None = None  # a SparseVocabModel over these ids of a large vocabulary
 
     def models(self):
         if self.live is None:
+
             def make(**kwargs):
                 return ContextModel(self.vocab, **kwargs)
         else:
+
             def make(**kwargs):
                 return SparseVocabModel(self.vocab, self.live, **kwargs)
-        draft = make(seed=self.draft_seed, scale=self.scale, integer=self.integer,
-                     dtype=self.draft_dtype)
-        target = make(seed=self.target_seed, scale=self.scale, integer=self.integer,
-                      dtype=self.target_dtype)
+
+        draft = make(
+            seed=self.draft_seed, scale=self.scale, integer=self.integer, dtype=self.draft_dtype
+        )
+        target = make(
+            seed=self.target_seed, scale=self.scale, integer=self.integer, dtype=self.target_dtype
+        )
         return draft, target
 
     def law(self, target, **controls):
-        return enumerate_joint_law(target, list(self.prompt), self.n_tokens, self.eos,
-                                   **(controls or self.controls))
+        return enumerate_joint_law(
+            target, list(self.prompt), self.n_tokens, self.eos, **(controls or self.controls)
+        )
 
     def rows(self, model):
         """The target contexts reachable under the warped law, with their logits."""
-        return list(reachable_rows(model, list(self.prompt), self.n_tokens, self.eos,
-                                   **self.controls))
+        return list(
+            reachable_rows(model, list(self.prompt), self.n_tokens, self.eos, **self.controls)
+        )
 
 
 CONFIGS = [
-    Config("top_k", dict(temperature=1.0, top_k=2), gamma=3, max_new_tokens=4, n_tokens=4,
-           vocab=6, draft_seed=23, target_seed=24, prompt=(0,), rng_seed=2001, integer=True,
-           draft_dtype=np.float32),
-    Config("top_p", dict(temperature=1.0, top_p=0.75), gamma=2, max_new_tokens=3, n_tokens=3,
-           vocab=6, draft_seed=33, target_seed=34, prompt=(1, 2), rng_seed=2002, integer=True,
-           eos=5, target_dtype=np.float32),
-    Config("min_p", dict(temperature=0.7, min_p=0.05), gamma=4, max_new_tokens=3, n_tokens=3,
-           vocab=6, draft_seed=43, target_seed=44, prompt=(3,), rng_seed=2003, integer=False,
-           target_dtype=np.float32),
-    Config("t_k_p", dict(temperature=1.3, top_k=3, top_p=0.8), gamma=3, max_new_tokens=3,
-           n_tokens=3, vocab=6, draft_seed=53, target_seed=57, prompt=(5, 1), rng_seed=2004,
-           integer=True, draft_dtype=np.float32, target_dtype=np.float32),
+    Config(
+        "top_k",
+        dict(temperature=1.0, top_k=2),
+        gamma=3,
+        max_new_tokens=4,
+        n_tokens=4,
+        vocab=6,
+        draft_seed=23,
+        target_seed=24,
+        prompt=(0,),
+        rng_seed=2001,
+        integer=True,
+        draft_dtype=np.float32,
+    ),
+    Config(
+        "top_p",
+        dict(temperature=1.0, top_p=0.75),
+        gamma=2,
+        max_new_tokens=3,
+        n_tokens=3,
+        vocab=6,
+        draft_seed=33,
+        target_seed=34,
+        prompt=(1, 2),
+        rng_seed=2002,
+        integer=True,
+        eos=5,
+        target_dtype=np.float32,
+    ),
+    Config(
+        "min_p",
+        dict(temperature=0.7, min_p=0.05),
+        gamma=4,
+        max_new_tokens=3,
+        n_tokens=3,
+        vocab=6,
+        draft_seed=43,
+        target_seed=44,
+        prompt=(3,),
+        rng_seed=2003,
+        integer=False,
+        target_dtype=np.float32,
+    ),
+    Config(
+        "t_k_p",
+        dict(temperature=1.3, top_k=3, top_p=0.8),
+        gamma=3,
+        max_new_tokens=3,
+        n_tokens=3,
+        vocab=6,
+        draft_seed=53,
+        target_seed=57,
+        prompt=(5, 1),
+        rng_seed=2004,
+        integer=True,
+        draft_dtype=np.float32,
+        target_dtype=np.float32,
+    ),
     # V = 1300 (three blocks of the compiled core's passes), nine live ids spread over
     # them: top-k's selection and top-p's candidates run over rows that are mostly
     # -inf, and the kept tokens lie in different blocks.
-    Config("blocks", dict(temperature=0.7, top_k=4, top_p=0.9, min_p=0.02), gamma=1,
-           max_new_tokens=2, n_tokens=2, vocab=1300, draft_seed=63, target_seed=64,
-           prompt=(511,), rng_seed=2005, integer=True, scale=1.0,
-           draft_dtype=np.float32, live=(2, 511, 512, 513, 800, 1023, 1024, 1100, 1299)),
+    Config(
+        "blocks",
+        dict(temperature=0.7, top_k=4, top_p=0.9, min_p=0.02),
+        gamma=1,
+        max_new_tokens=2,
+        n_tokens=2,
+        vocab=1300,
+        draft_seed=63,
+        target_seed=64,
+        prompt=(511,),
+        rng_seed=2005,
+        integer=True,
+        scale=1.0,
+        draft_dtype=np.float32,
+        live=(2, 511, 512, 513, 800, 1023, 1024, 1100, 1299),
+    ),
 ]
 CONFIG_BY_ID = {c.id: c for c in CONFIGS}
 
@@ -129,15 +201,15 @@ def run_decoder(decoder, draft, target, config, n_runs=N_RUNS):
     counts = collections.Counter()
     prompt = list(config.prompt)
     for _ in range(n_runs):
-        ids, _ = decoder.generate(draft, target, prompt, config.max_new_tokens, config.eos,
-                                  rng=rng)
+        ids, _ = decoder.generate(draft, target, prompt, config.max_new_tokens, config.eos, rng=rng)
         counts[new_tokens(ids, prompt, config.n_tokens)] += 1
     return counts
 
 
 def make_decoder(config, backend, verification="block"):
-    return specdec.SpeculativeDecoder(gamma=config.gamma, verification=verification,
-                                      backend=backend, **config.controls)
+    return specdec.SpeculativeDecoder(
+        gamma=config.gamma, verification=verification, backend=backend, **config.controls
+    )
 
 
 # --- the oracle on rows computed by hand ------------------------------------------------
@@ -249,11 +321,17 @@ def test_config_min_p_depends_on_the_temperature():
     differs = sum(
         np.count_nonzero(warped_probs(logits, **config.controls))
         != np.count_nonzero(warped_probs(logits, 1.0, min_p=config.controls["min_p"]))
-        for _, logits in rows)
+        for _, logits in rows
+    )
     assert differs >= 3
     # and min-p really removes tokens
-    assert sum(np.count_nonzero(warped_probs(logits, **config.controls)) < config.vocab
-               for _, logits in rows) >= len(rows) // 2
+    assert (
+        sum(
+            np.count_nonzero(warped_probs(logits, **config.controls)) < config.vocab
+            for _, logits in rows
+        )
+        >= len(rows) // 2
+    )
 
 
 def test_config_combined_top_p_is_over_the_top_k_survivors():
@@ -267,12 +345,13 @@ def test_config_combined_top_p_is_over_the_top_k_survivors():
         right = warped_probs(logits, **c) > 0
         # the wrong order: top-p over all tokens, intersected with top-k
         wrong = (warped_probs(logits, c["temperature"], top_k=c["top_k"]) > 0) & (
-            warped_probs(logits, c["temperature"], top_p=c["top_p"]) > 0)
+            warped_probs(logits, c["temperature"], top_p=c["top_p"]) > 0
+        )
         differs.append(not np.array_equal(right, wrong))
     assert differs[0] and sum(differs) >= 2  # the first token's law among them
     # ties at the top-k boundary occur here too
     k = c["top_k"]
-    assert any(_sorted_desc(l)[k - 1] == _sorted_desc(l)[k] for _, l in rows)
+    assert any(_sorted_desc(logits)[k - 1] == _sorted_desc(logits)[k] for _, logits in rows)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.id)
@@ -289,25 +368,30 @@ def test_configs_draft_proposes_outside_the_targets_support(config):
     assert outside >= 1
     unwarped = config.law(target, temperature=config.controls["temperature"])
     warped = config.law(target)
-    tv = 0.5 * sum(abs(unwarped.get(cell, 0.0) - warped.get(cell, 0.0))
-                   for cell in set(unwarped) | set(warped))
+    tv = 0.5 * sum(
+        abs(unwarped.get(cell, 0.0) - warped.get(cell, 0.0)) for cell in set(unwarped) | set(warped)
+    )
     assert tv > 0.05
 
 
 # --- exactness ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("config, verification",
-                         [(c, "block") for c in CONFIGS]
-                         + [(c, "token") for c in CONFIGS if c.id in ("t_k_p", "blocks")],
-                         ids=lambda v: v.id if isinstance(v, Config) else v)
+@pytest.mark.parametrize(
+    "config, verification",
+    [(c, "block") for c in CONFIGS]
+    + [(c, "token") for c in CONFIGS if c.id in ("t_k_p", "blocks")],
+    ids=lambda v: v.id if isinstance(v, Config) else v,
+)
 def test_joint_law_is_the_warped_targets(backend, config, verification):
     """Block verification (the default) on every configuration, token by token on two."""
     draft, target = config.models()
     counts = run_decoder(make_decoder(config, backend, verification), draft, target, config)
     result = pooled_chisquare(counts, config.law(target))
-    print(f"controls law [{backend}, {config.id}, {verification}]: chi2={result.statistic:.1f} "
-          f"dof={result.dof} p={result.pvalue:.3g}")
+    print(
+        f"controls law [{backend}, {config.id}, {verification}]: chi2={result.statistic:.1f} "
+        f"dof={result.dof} p={result.pvalue:.3g}"
+    )
     assert result.impossible == 0, f"{result.impossible} outcomes outside the warped support"
     assert result.pvalue > ALPHA, result
 
@@ -338,11 +422,13 @@ def _target_unwarped(kernels):
     (..., bonus, controls, rng, work, ...)."""
     real_verify = kernels.verify
 
-    def verify(target_rows, draft_tokens, draft_weights, draft_laws, bonus, controls, *rest,
-               **options):
+    def verify(
+        target_rows, draft_tokens, draft_weights, draft_laws, bonus, controls, *rest, **options
+    ):
         unwarped = SamplingControls(temperature=controls.temperature)
-        return real_verify(target_rows, draft_tokens, draft_weights, draft_laws, bonus,
-                           unwarped, *rest, **options)
+        return real_verify(
+            target_rows, draft_tokens, draft_weights, draft_laws, bonus, unwarped, *rest, **options
+        )
 
     return verify
 
@@ -357,9 +443,11 @@ def test_power_rejects_warping_only_the_draft(config_id, monkeypatch):
     draft, target = config.models()
     counts = run_decoder(make_decoder(config, backend), draft, target, config)
     result = pooled_chisquare(counts, config.law(target))
-    print(f"power check draft-only warping [{backend}, {config_id}]: "
-          f"chi2={result.statistic:.1f} dof={result.dof} p={result.pvalue:.3g}; "
-          f"{result.impossible} outcomes outside the support")
+    print(
+        f"power check draft-only warping [{backend}, {config_id}]: "
+        f"chi2={result.statistic:.1f} dof={result.dof} p={result.pvalue:.3g}; "
+        f"{result.impossible} outcomes outside the support"
+    )
     assert result.pvalue < POWER_ALPHA, result
     # The wrong sampler's outcomes follow the unwarped law instead (sanity of the check).
     unwarped_law = config.law(target, temperature=config.controls["temperature"])

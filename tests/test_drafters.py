@@ -41,11 +41,11 @@ def lookup_oracle(tokens, num_tokens, max_ngram_size, min_ngram_size, max_tokens
     if max_tokens == 0:
         return [], 0
     for n in range(min(max_ngram_size, length - 1), min_ngram_size - 1, -1):
-        gram = tokens[length - n:]
+        gram = tokens[length - n :]
         for start in range(length - n - 1, -1, -1):  # latest first, not the trailing one
-            if tokens[start:start + n] == gram:
+            if tokens[start : start + n] == gram:
                 begin = start + n
-                return tokens[begin:begin + min(num_tokens, max_tokens)], n
+                return tokens[begin : begin + min(num_tokens, max_tokens)], n
     return [], 0
 
 
@@ -76,12 +76,15 @@ def test_drafter_is_abstract_and_defaults_are_no_ops():
 LAYERED = [1, 2, 3, 10, 11, 5, 2, 3, 30, 31, 3, 20, 21, 1, 2, 3]
 
 
-@pytest.mark.parametrize(("max_ngram_size", "expected", "size"), [
-    (3, [10, 11, 5, 2], 3),
-    (2, [30, 31, 3, 20], 2),
-    (1, [20, 21, 1, 2], 1),
-    (5, [10, 11, 5, 2], 3),  # longer n-grams do not recur: the 3-gram still wins
-])
+@pytest.mark.parametrize(
+    ("max_ngram_size", "expected", "size"),
+    [
+        (3, [10, 11, 5, 2], 3),
+        (2, [30, 31, 3, 20], 2),
+        (1, [20, 21, 1, 2], 1),
+        (5, [10, 11, 5, 2], 3),  # longer n-grams do not recur: the 3-gram still wins
+    ],
+)
 def test_lookup_prefers_the_longest_ngram(max_ngram_size, expected, size):
     drafter = PromptLookup(num_tokens=4, max_ngram_size=max_ngram_size)
     assert _propose(drafter, LAYERED) == expected
@@ -117,20 +120,24 @@ def test_lookup_never_runs_past_the_end():
     assert drafter.last_match_size == 3
 
 
-@pytest.mark.parametrize(("tokens", "min_ngram_size", "expected"), [
-    ([], 1, []),
-    ([3], 1, []),           # no earlier position at all
-    ([3, 4], 1, []),        # nothing recurs
-    ([3, 3], 1, [3]),
-    ([3, 3], 2, []),        # a 2-gram needs an earlier start: length >= 3
-    ([3, 3, 3], 2, [3]),
-])
+@pytest.mark.parametrize(
+    ("tokens", "min_ngram_size", "expected"),
+    [
+        ([], 1, []),
+        ([3], 1, []),  # no earlier position at all
+        ([3, 4], 1, []),  # nothing recurs
+        ([3, 3], 1, [3]),
+        ([3, 3], 2, []),  # a 2-gram needs an earlier start: length >= 3
+        ([3, 3, 3], 2, [3]),
+    ],
+)
 def test_lookup_empty_and_short_contexts(tokens, min_ngram_size, expected):
     drafter = PromptLookup(max_ngram_size=3, min_ngram_size=min_ngram_size)
     drafter.start(_ids(tokens))
     assert _propose(drafter, tokens) == expected
-    assert _propose(PromptLookup(max_ngram_size=3, min_ngram_size=min_ngram_size),
-                    tokens) == expected
+    assert (
+        _propose(PromptLookup(max_ngram_size=3, min_ngram_size=min_ngram_size), tokens) == expected
+    )
 
 
 def test_lookup_limits():
@@ -170,12 +177,16 @@ def _decode(drafter, sequence, prompt_length, rng, options, check_fresh=False):
         max_tokens = rng.randrange(0, 6)
         proposal = drafter.propose(tokens, max_tokens).tolist()
         assert (proposal, drafter.last_match_size) == lookup_oracle(
-            sequence[:length], max_tokens=max_tokens, **options)
+            sequence[:length], max_tokens=max_tokens, **options
+        )
         if check_fresh:
             assert _propose(PromptLookup(**options), sequence[:length], max_tokens) == proposal
         kept = 0
-        while kept < len(proposal) and length + kept < len(sequence) \
-                and proposal[kept] == sequence[length + kept]:
+        while (
+            kept < len(proposal)
+            and length + kept < len(sequence)
+            and proposal[kept] == sequence[length + kept]
+        ):
             kept += 1
         n_new = min(kept + 1, len(sequence) - length)
         length += n_new
@@ -192,14 +203,18 @@ def test_lookup_incremental_index_equals_the_scan(seed):
     while len(sequence) < 160:
         if rng.random() < 0.5:
             start = rng.randrange(len(sequence))
-            sequence += sequence[start:start + rng.randrange(1, 9)]
+            sequence += sequence[start : start + rng.randrange(1, 9)]
         else:
             sequence.append(rng.randrange(alphabet))
     max_ngram_size = rng.randrange(1, 5)
-    options = {"num_tokens": rng.randrange(1, 8), "max_ngram_size": max_ngram_size,
-               "min_ngram_size": rng.randrange(1, max_ngram_size + 1)}
-    drafter = _decode(PromptLookup(**options), sequence, rng.randrange(0, 20), rng, options,
-                      check_fresh=seed < 3)
+    options = {
+        "num_tokens": rng.randrange(1, 8),
+        "max_ngram_size": max_ngram_size,
+        "min_ngram_size": rng.randrange(1, max_ngram_size + 1),
+    }
+    drafter = _decode(
+        PromptLookup(**options), sequence, rng.randrange(0, 20), rng, options, check_fresh=seed < 3
+    )
     # The index built step by step is the one built from scratch.
     fresh = PromptLookup(**options)
     fresh.start(_ids(sequence))
@@ -207,8 +222,13 @@ def test_lookup_incremental_index_equals_the_scan(seed):
 
 
 @settings(max_examples=200, **SETTINGS)
-@given(st.lists(st.integers(0, 3), max_size=30), st.integers(1, 5), st.integers(1, 4),
-       st.integers(0, 3), st.integers(0, 8))
+@given(
+    st.lists(st.integers(0, 3), max_size=30),
+    st.integers(1, 5),
+    st.integers(1, 4),
+    st.integers(0, 3),
+    st.integers(0, 8),
+)
 def test_lookup_matches_the_oracle(tokens, num_tokens, max_ngram_size, min_offset, max_tokens):
     min_ngram_size = max(1, max_ngram_size - min_offset)
     drafter = PromptLookup(num_tokens, max_ngram_size, min_ngram_size)
@@ -259,16 +279,19 @@ def test_lookup_without_start_or_on_another_sequence():
 # -- PromptLookup: validation ---------------------------------------------------------
 
 
-@pytest.mark.parametrize(("options", "error", "match"), [
-    ({"num_tokens": 0}, ValueError, "num_tokens must be an int >= 1"),
-    ({"num_tokens": 2.0}, TypeError, "num_tokens must be an int >= 1, got float"),
-    ({"num_tokens": True}, TypeError, "num_tokens must be an int >= 1, got bool"),
-    ({"max_ngram_size": 0}, ValueError, "max_ngram_size must be an int >= 1"),
-    ({"max_ngram_size": "3"}, TypeError, "max_ngram_size must be an int >= 1, got str"),
-    ({"min_ngram_size": 0}, ValueError, "min_ngram_size must be an int >= 1"),
-    ({"min_ngram_size": None}, TypeError, "min_ngram_size must be an int >= 1"),
-    ({"min_ngram_size": 4}, ValueError, r"min_ngram_size must be <= max_ngram_size \(3\)"),
-])
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"num_tokens": 0}, ValueError, "num_tokens must be an int >= 1"),
+        ({"num_tokens": 2.0}, TypeError, "num_tokens must be an int >= 1, got float"),
+        ({"num_tokens": True}, TypeError, "num_tokens must be an int >= 1, got bool"),
+        ({"max_ngram_size": 0}, ValueError, "max_ngram_size must be an int >= 1"),
+        ({"max_ngram_size": "3"}, TypeError, "max_ngram_size must be an int >= 1, got str"),
+        ({"min_ngram_size": 0}, ValueError, "min_ngram_size must be an int >= 1"),
+        ({"min_ngram_size": None}, TypeError, "min_ngram_size must be an int >= 1"),
+        ({"min_ngram_size": 4}, ValueError, r"min_ngram_size must be <= max_ngram_size \(3\)"),
+    ],
+)
 def test_lookup_refuses_bad_options(options, error, match):
     with pytest.raises(error, match=match):
         PromptLookup(**options)
@@ -281,17 +304,20 @@ def test_lookup_accepts_numpy_ints():
     assert _propose(drafter, [1, 2, 3, 1, 2], max_tokens=np.int64(5)) == [3, 1]
 
 
-@pytest.mark.parametrize(("call", "error", "match"), [
-    (lambda d: d.propose(_ids([1, 1]), -1), ValueError, "max_tokens must be an int >= 0"),
-    (lambda d: d.propose(_ids([1, 1]), 2.0), TypeError, "max_tokens must be an int >= 0"),
-    (lambda d: d.propose(_ids([1, 1]), True), TypeError, "max_tokens .* got bool"),
-    (lambda d: d.propose(np.ones((2, 2), np.int64), 2), ValueError, "one-dimensional"),
-    (lambda d: d.propose(np.ones(3), 2), TypeError, "int token ids"),
-    (lambda d: d.start(np.ones((1, 2), np.int64)), ValueError, "prompt must be one-dim"),
-    (lambda d: d.extend(_ids([1, 2]), 3), ValueError, r"n_new must lie in \[0, len"),
-    (lambda d: d.extend(_ids([1, 2]), -1), ValueError, "n_new"),
-    (lambda d: d.extend(_ids([1, 2]), 1.0), TypeError, "n_new must be an int"),
-])
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda d: d.propose(_ids([1, 1]), -1), ValueError, "max_tokens must be an int >= 0"),
+        (lambda d: d.propose(_ids([1, 1]), 2.0), TypeError, "max_tokens must be an int >= 0"),
+        (lambda d: d.propose(_ids([1, 1]), True), TypeError, "max_tokens .* got bool"),
+        (lambda d: d.propose(np.ones((2, 2), np.int64), 2), ValueError, "one-dimensional"),
+        (lambda d: d.propose(np.ones(3), 2), TypeError, "int token ids"),
+        (lambda d: d.start(np.ones((1, 2), np.int64)), ValueError, "prompt must be one-dim"),
+        (lambda d: d.extend(_ids([1, 2]), 3), ValueError, r"n_new must lie in \[0, len"),
+        (lambda d: d.extend(_ids([1, 2]), -1), ValueError, "n_new"),
+        (lambda d: d.extend(_ids([1, 2]), 1.0), TypeError, "n_new must be an int"),
+    ],
+)
 def test_lookup_refuses_bad_calls(call, error, match):
     with pytest.raises(error, match=match):
         call(PromptLookup())
@@ -301,8 +327,7 @@ def test_lookup_refuses_bad_calls(call, error, match):
 
 
 def test_ngram_proposes_the_most_frequent_continuation():
-    drafter = NGram(order=3, min_probability=0.3).fit([[1, 2, 3, 4], [1, 2, 3, 5],
-                                                       [1, 2, 3, 4]])
+    drafter = NGram(order=3, min_probability=0.3).fit([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 4]])
     # (1, 2) -> 3 three times in three; (2, 3) -> 4 two times in three; (3, 4) is
     # never continued.  Estimates: c / (t + 1).
     assert _propose(drafter, [9, 1, 2]) == [3, 4]
@@ -414,10 +439,13 @@ def ngram_oracle(corpus, order, tokens, num_tokens, min_count, min_probability, 
     context, proposal, probability = list(tokens), [], 1.0
     while len(proposal) < min(num_tokens, max_tokens):
         for size in range(min(order - 1, len(context)), 0, -1):
-            gram = context[len(context) - size:]
-            followers = Counter(sequence[i + size] for sequence in corpus
-                                for i in range(len(sequence) - size)
-                                if sequence[i:i + size] == gram)
+            gram = context[len(context) - size :]
+            followers = Counter(
+                sequence[i + size]
+                for sequence in corpus
+                for i in range(len(sequence) - size)
+                if sequence[i : i + size] == gram
+            )
             total = sum(followers.values())
             if total >= min_count:
                 break
@@ -433,47 +461,60 @@ def ngram_oracle(corpus, order, tokens, num_tokens, min_count, min_probability, 
 
 
 @settings(max_examples=150, **SETTINGS)
-@given(st.lists(st.lists(st.integers(0, 3), max_size=25), max_size=4),
-       st.lists(st.integers(0, 3), max_size=5), st.integers(2, 5), st.integers(1, 6),
-       st.integers(1, 3), st.sampled_from([0.0, 0.1, 0.3, 0.5]), st.integers(0, 8))
-def test_ngram_matches_the_oracle(corpus, tokens, order, num_tokens, min_count,
-                                  min_probability, max_tokens):
-    drafter = NGram(order=order, num_tokens=num_tokens, min_count=min_count,
-                    min_probability=min_probability).fit(corpus)
-    expected = ngram_oracle(corpus, order, tokens, num_tokens, min_count, min_probability,
-                            max_tokens)
+@given(
+    st.lists(st.lists(st.integers(0, 3), max_size=25), max_size=4),
+    st.lists(st.integers(0, 3), max_size=5),
+    st.integers(2, 5),
+    st.integers(1, 6),
+    st.integers(1, 3),
+    st.sampled_from([0.0, 0.1, 0.3, 0.5]),
+    st.integers(0, 8),
+)
+def test_ngram_matches_the_oracle(
+    corpus, tokens, order, num_tokens, min_count, min_probability, max_tokens
+):
+    drafter = NGram(
+        order=order, num_tokens=num_tokens, min_count=min_count, min_probability=min_probability
+    ).fit(corpus)
+    expected = ngram_oracle(
+        corpus, order, tokens, num_tokens, min_count, min_probability, max_tokens
+    )
     assert _propose(drafter, tokens, max_tokens) == expected
 
 
 def test_ngram_train_through_a_tokenizer():
     texts = ["hello world"] * 4 + ["help"]
-    drafter = NGram.train(texts, byte_ngram.encode, order=4, min_probability=0.1,
-                          vocab_size=256)
+    drafter = NGram.train(texts, byte_ngram.encode, order=4, min_probability=0.1, vocab_size=256)
     proposal = _propose(drafter, byte_ngram.encode("say hel"))
     assert byte_ngram.decode(proposal) == "lo world"  # "d" ends every text: no more
-    assert drafter.last_probabilities == pytest.approx(
-        [4 / 6 * (4 / 5) ** k for k in range(8)])
+    assert drafter.last_probabilities == pytest.approx([4 / 6 * (4 / 5) ** k for k in range(8)])
     assert drafter.order == 4 and drafter.vocab_size == 256 and drafter.num_grams > 0
 
 
 # -- NGram: vocabulary and input checks -------------------------------------------------
 
 
-@pytest.mark.parametrize(("call", "error", "match"), [
-    (lambda d: d.fit([[1, 10]]), ValueError,
-     r"token_sequences\[0\] holds token id 10, outside \[0, vocab_size\) = \[0, 10\)"),
-    (lambda d: d.fit([[1, 2], [3, -1]]), ValueError, r"token_sequences\[1\] holds a negative"),
-    (lambda d: d.fit([[1.0, 2.0]]), TypeError, "must hold int token ids"),
-    (lambda d: d.fit([1, 2, 3]), TypeError, "wrap a single sequence in a list"),
-    (lambda d: d.fit("123"), TypeError, "not a string"),
-    (lambda d: d.fit([[[1, 2]]]), ValueError, "one-dimensional"),
-    (lambda d: d.start(_ids([3, 12])), ValueError, "prompt holds token id 12"),
-    (lambda d: d.start(_ids([3, -2])), ValueError, "prompt holds a negative token id"),
-    (lambda d: d.extend(_ids([3, 11]), 1), ValueError, "tokens holds token id 11"),
-    (lambda d: d.propose(_ids([3]), -1), ValueError, "max_tokens must be an int >= 0"),
-    (lambda d: d.propose(_ids([3]), 1.5), TypeError, "max_tokens must be an int >= 0"),
-    (lambda d: d.extend(_ids([3]), 2), ValueError, "n_new must lie in"),
-])
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (
+            lambda d: d.fit([[1, 10]]),
+            ValueError,
+            r"token_sequences\[0\] holds token id 10, outside \[0, vocab_size\) = \[0, 10\)",
+        ),
+        (lambda d: d.fit([[1, 2], [3, -1]]), ValueError, r"token_sequences\[1\] holds a negative"),
+        (lambda d: d.fit([[1.0, 2.0]]), TypeError, "must hold int token ids"),
+        (lambda d: d.fit([1, 2, 3]), TypeError, "wrap a single sequence in a list"),
+        (lambda d: d.fit("123"), TypeError, "not a string"),
+        (lambda d: d.fit([[[1, 2]]]), ValueError, "one-dimensional"),
+        (lambda d: d.start(_ids([3, 12])), ValueError, "prompt holds token id 12"),
+        (lambda d: d.start(_ids([3, -2])), ValueError, "prompt holds a negative token id"),
+        (lambda d: d.extend(_ids([3, 11]), 1), ValueError, "tokens holds token id 11"),
+        (lambda d: d.propose(_ids([3]), -1), ValueError, "max_tokens must be an int >= 0"),
+        (lambda d: d.propose(_ids([3]), 1.5), TypeError, "max_tokens must be an int >= 0"),
+        (lambda d: d.extend(_ids([3]), 2), ValueError, "n_new must lie in"),
+    ],
+)
 def test_ngram_checks_ids_and_calls(call, error, match):
     drafter = NGram(order=3, vocab_size=10)
     with pytest.raises(error, match=match):
@@ -494,23 +535,26 @@ def test_ngram_train_checks_its_inputs():
         NGram.train(["a"], byte_ngram.encode, order=1)
 
 
-@pytest.mark.parametrize(("options", "error", "match"), [
-    ({"order": 1}, ValueError, "order must be an int >= 2, got 1"),
-    ({"order": 3.0}, TypeError, "order must be an int >= 2, got float"),
-    ({"order": True}, TypeError, "order must be an int >= 2, got bool"),
-    ({"num_tokens": 0}, ValueError, "num_tokens must be an int >= 1"),
-    ({"min_count": 0}, ValueError, "min_count must be an int >= 1"),
-    ({"min_count": "2"}, TypeError, "min_count must be an int >= 1"),
-    ({"min_probability": 1.5}, ValueError, r"min_probability must be a number in \[0, 1\)"),
-    ({"min_probability": 1.0}, ValueError, r"min_probability must be a number in \[0, 1\)"),
-    ({"min_probability": -0.1}, ValueError, r"min_probability must be a number in \[0, 1\)"),
-    ({"min_probability": float("nan")}, ValueError, "min_probability must be a number"),
-    ({"min_probability": True}, TypeError, "min_probability must be a number .* got bool"),
-    ({"min_probability": "0.5"}, TypeError, "min_probability must be a number"),
-    ({"vocab_size": 0}, ValueError, "vocab_size must be an int >= 1"),
-    ({"vocab_size": 2.5}, TypeError, "vocab_size must be an int >= 1"),
-    ({"online": 1}, TypeError, "online must be True or False"),
-])
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"order": 1}, ValueError, "order must be an int >= 2, got 1"),
+        ({"order": 3.0}, TypeError, "order must be an int >= 2, got float"),
+        ({"order": True}, TypeError, "order must be an int >= 2, got bool"),
+        ({"num_tokens": 0}, ValueError, "num_tokens must be an int >= 1"),
+        ({"min_count": 0}, ValueError, "min_count must be an int >= 1"),
+        ({"min_count": "2"}, TypeError, "min_count must be an int >= 1"),
+        ({"min_probability": 1.5}, ValueError, r"min_probability must be a number in \[0, 1\)"),
+        ({"min_probability": 1.0}, ValueError, r"min_probability must be a number in \[0, 1\)"),
+        ({"min_probability": -0.1}, ValueError, r"min_probability must be a number in \[0, 1\)"),
+        ({"min_probability": float("nan")}, ValueError, "min_probability must be a number"),
+        ({"min_probability": True}, TypeError, "min_probability must be a number .* got bool"),
+        ({"min_probability": "0.5"}, TypeError, "min_probability must be a number"),
+        ({"vocab_size": 0}, ValueError, "vocab_size must be an int >= 1"),
+        ({"vocab_size": 2.5}, TypeError, "vocab_size must be an int >= 1"),
+        ({"online": 1}, TypeError, "online must be True or False"),
+    ],
+)
 def test_ngram_refuses_bad_options(options, error, match):
     with pytest.raises(error, match=match):
         NGram(**options)
@@ -521,17 +565,16 @@ def test_ngram_refuses_bad_options(options, error, match):
 
 def _random_corpus(seed, count=40, alphabet=6):
     rng = random.Random(seed)
-    return [[rng.randrange(alphabet) for _ in range(rng.randrange(0, 50))]
-            for _ in range(count)]
+    return [[rng.randrange(alphabet) for _ in range(rng.randrange(0, 50))] for _ in range(count)]
 
 
 def test_ngram_save_load_round_trip(tmp_path):
-    drafter = NGram(order=4, num_tokens=6, min_count=2, min_probability=0.1, vocab_size=6,
-                    online=False).fit(_random_corpus(0))
+    drafter = NGram(
+        order=4, num_tokens=6, min_count=2, min_probability=0.1, vocab_size=6, online=False
+    ).fit(_random_corpus(0))
     path = tmp_path / "drafter.bin"  # the name is kept as given
     drafter.save(path)
-    assert path.is_file() and not list(tmp_path.glob("*.npz")) \
-        and not list(tmp_path.glob("*.tmp"))
+    assert path.is_file() and not list(tmp_path.glob("*.npz")) and not list(tmp_path.glob("*.tmp"))
     loaded = NGram.load(path)
     assert repr(loaded) == repr(drafter)
     assert loaded._counts == drafter._counts and loaded._contexts == drafter._contexts
@@ -542,8 +585,9 @@ def test_ngram_save_load_round_trip(tmp_path):
         assert loaded.last_probabilities == drafter.last_probabilities
     # The same counts give the same file, whatever order they were learnt in.
     again = tmp_path / "again.npz"
-    NGram(order=4, num_tokens=6, min_count=2, min_probability=0.1, vocab_size=6,
-          online=False).fit(_random_corpus(0)[::-1]).save(again)
+    NGram(order=4, num_tokens=6, min_count=2, min_probability=0.1, vocab_size=6, online=False).fit(
+        _random_corpus(0)[::-1]
+    ).save(again)
     assert again.read_bytes() == path.read_bytes()
     # Saved options can be overridden on load, the ones the counts depend on cannot.
     assert NGram.load(path, min_probability=0.9).min_probability == 0.9
@@ -568,19 +612,22 @@ def _valid_arrays(tmp_path):
         return {key: data[key] for key in data.files}
 
 
-@pytest.mark.parametrize(("change", "match"), [
-    ({"format": np.array("something else")}, "missing or wrong 'format' marker"),
-    ({"version": np.int64(99)}, "version 99"),
-    ({"order": np.int64(1)}, r"invalid options \(order must be an int >= 2"),
-    ({"min_count": np.float64(0.5)}, r"invalid options \(min_count must be an int"),
-    ({"counts_2": np.array([1, 0])}, "counts_2 holds a count below 1"),
-    ({"grams_2": np.array([[1, 2], [2, 7]])}, r"grams_2 holds token id 7, outside"),
-    ({"grams_2": np.array([[1, 2], [1, 2]])}, r"grams_2 holds \(1, 2\) twice"),
-    ({"grams_2": np.array([1.0, 2.0])}, "grams_2 / counts_2 have shapes"),
-    ({"grams_2": np.array([[1, 2, 3], [2, 3, 4]])}, "grams_2 / counts_2 have shapes"),
-    ({"counts_2": None}, "missing grams_2 / counts_2"),
-    ({"online": None}, "missing or malformed option"),
-])
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"format": np.array("something else")}, "missing or wrong 'format' marker"),
+        ({"version": np.int64(99)}, "version 99"),
+        ({"order": np.int64(1)}, r"invalid options \(order must be an int >= 2"),
+        ({"min_count": np.float64(0.5)}, r"invalid options \(min_count must be an int"),
+        ({"counts_2": np.array([1, 0])}, "counts_2 holds a count below 1"),
+        ({"grams_2": np.array([[1, 2], [2, 7]])}, r"grams_2 holds token id 7, outside"),
+        ({"grams_2": np.array([[1, 2], [1, 2]])}, r"grams_2 holds \(1, 2\) twice"),
+        ({"grams_2": np.array([1.0, 2.0])}, "grams_2 / counts_2 have shapes"),
+        ({"grams_2": np.array([[1, 2, 3], [2, 3, 4]])}, "grams_2 / counts_2 have shapes"),
+        ({"counts_2": None}, "missing grams_2 / counts_2"),
+        ({"online": None}, "missing or malformed option"),
+    ],
+)
 def test_ngram_load_refuses_a_bad_npz(tmp_path, change, match):
     arrays = _valid_arrays(tmp_path)
     for key, value in change.items():

@@ -19,11 +19,11 @@ import collections
 
 import numpy as np
 import pytest
+from toymodels import ContextModel, enumerate_joint_law, new_tokens, pooled_chisquare
 
 import specdec
 from specdec._backend import kernels_for
 from specdec.drafters import AdaptiveDraftLength, Chain, Drafter, HeuristicDraftLength
-from toymodels import ContextModel, enumerate_joint_law, new_tokens, pooled_chisquare
 
 N_RUNS = 4_000
 ALPHA = 1e-3
@@ -93,8 +93,9 @@ CONTROLS = [
 @pytest.mark.parametrize("controls", CONTROLS, ids=lambda c: "-".join(map(str, c.values())))
 def test_one_hot_drafts_keep_the_targets_law(backend, verification, controls):
     target = target_model(np.float32)
-    decoder = specdec.SpeculativeDecoder(3, verification=verification, draft_length="fixed",
-                                         backend=backend, **controls)
+    decoder = specdec.SpeculativeDecoder(
+        3, verification=verification, draft_length="fixed", backend=backend, **controls
+    )
     counts = outcomes(decoder, ContextDrafter(), target, seed=21)
     check_exact(counts, law_of(target, **controls))
 
@@ -104,25 +105,29 @@ def test_chain_of_drafter_and_model_keeps_the_law(backend, verification):
     """The drafter has no proposal after token 0: the draft model drafts then."""
     target = target_model()
     draft = ContextModel(VOCAB, seed=12, dtype=np.float32)
-    decoder = specdec.SpeculativeDecoder(2, temperature=0.9, verification=verification,
-                                         backend=backend)
+    decoder = specdec.SpeculativeDecoder(
+        2, temperature=0.9, verification=verification, backend=backend
+    )
     counts = outcomes(decoder, Chain(ContextDrafter(), draft), target, seed=22)
     check_exact(counts, law_of(target, temperature=0.9))
 
 
-@pytest.mark.parametrize("policy", [
-    AdaptiveDraftLength(prior_acceptance=0.9, target_cost=(0.1, 0.05)),
-    AdaptiveDraftLength(min_tokens=1, p_min=0.3),
-    HeuristicDraftLength(initial=1),
-], ids=["adaptive", "adaptive-pmin", "heuristic"])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        AdaptiveDraftLength(prior_acceptance=0.9, target_cost=(0.1, 0.05)),
+        AdaptiveDraftLength(min_tokens=1, p_min=0.3),
+        HeuristicDraftLength(initial=1),
+    ],
+    ids=["adaptive", "adaptive-pmin", "heuristic"],
+)
 def test_draft_length_policies_keep_the_law(backend, policy):
     """A policy decides from earlier steps only, so any policy keeps the law; with a
     model draft, stopping at a low-confidence draft token (p_min) keeps it too."""
     target = target_model()
     draft = ContextModel(VOCAB, seed=13)
     decoder = specdec.SpeculativeDecoder(4, draft_length=policy, backend=backend)
-    check_exact(outcomes(decoder, Chain(ContextDrafter(), draft), target, seed=23),
-                law_of(target))
+    check_exact(outcomes(decoder, Chain(ContextDrafter(), draft), target, seed=23), law_of(target))
 
 
 def test_power_rejects_keeping_every_one_hot_draft(monkeypatch):
@@ -138,8 +143,7 @@ def test_power_rejects_keeping_every_one_hot_draft(monkeypatch):
     monkeypatch.setattr(kernels, "verify", keep_everything)
     target = target_model(np.float32)
     decoder = specdec.SpeculativeDecoder(3, draft_length="fixed")
-    result = pooled_chisquare(outcomes(decoder, ContextDrafter(), target, seed=21),
-                              law_of(target))
+    result = pooled_chisquare(outcomes(decoder, ContextDrafter(), target, seed=21), law_of(target))
     assert result.pvalue < POWER_ALPHA, result
 
 
@@ -148,13 +152,13 @@ def test_power_rejects_keeping_every_one_hot_draft(monkeypatch):
 
 @pytest.mark.parametrize("verification", ["token", "block"])
 @pytest.mark.parametrize("draft_length", ["fixed", "adaptive"])
-def test_greedy_with_a_drafter_is_the_targets_argmax_decoding(backend, verification,
-                                                              draft_length):
+def test_greedy_with_a_drafter_is_the_targets_argmax_decoding(backend, verification, draft_length):
     target = target_model(np.float32)
     expected, _ = specdec.sample(target, PROMPT, 30, temperature=0.0, backend=backend)
     for draft in (ContextDrafter(), Chain(ContextDrafter(), ContextModel(VOCAB, seed=14))):
-        decoder = specdec.SpeculativeDecoder(4, 0.0, verification=verification,
-                                             draft_length=draft_length, backend=backend)
+        decoder = specdec.SpeculativeDecoder(
+            4, 0.0, verification=verification, draft_length=draft_length, backend=backend
+        )
         ids, stats = decoder.generate(draft, target, PROMPT, 30)
         assert ids == expected
         # (an adaptive length may rightly draft nothing from these poor drafts)
@@ -196,14 +200,13 @@ def test_policy_decides_before_the_target_pass_and_learns_after(backend):
     class Always(Drafter):
         def propose(self, tokens, max_tokens):
             events.append(("propose", len(tokens)))
-            return np.array([(int(tokens[-1]) + 1 + i) % VOCAB for i in range(max_tokens)],
-                            dtype=np.int64)
+            return np.array(
+                [(int(tokens[-1]) + 1 + i) % VOCAB for i in range(max_tokens)], dtype=np.int64
+            )
 
-    decoder = specdec.SpeculativeDecoder(4, draft_length=RecordingPolicy(events),
-                                         backend=backend)
-    ids, stats = decoder.generate(Always(), Recorder(events, target_model()), PROMPT, 20,
-                                  rng=5)
-    steps = [events[i:i + 4] for i in range(0, len(events), 4)]
+    decoder = specdec.SpeculativeDecoder(4, draft_length=RecordingPolicy(events), backend=backend)
+    ids, stats = decoder.generate(Always(), Recorder(events, target_model()), PROMPT, 20, rng=5)
+    steps = [events[i : i + 4] for i in range(0, len(events), 4)]
     assert len(events) == 4 * len(steps) and len(steps) == stats.num_target_forward_passes
     for (propose, length_before), (choose, n), (target, seen), (observe, drafted) in steps:
         assert (propose, choose, target, observe) == ("propose", "length", "target", "observe")
@@ -234,7 +237,7 @@ def test_adaptive_length_drafts_long_when_drafts_are_always_kept(backend):
     class Oracle(Drafter):
         def propose(self, tokens, max_tokens):
             n = len(tokens)
-            return np.asarray(expected[n:n + max_tokens], dtype=np.int64)
+            return np.asarray(expected[n : n + max_tokens], dtype=np.int64)
 
     decoder = specdec.SpeculativeDecoder(8, 0.0, backend=backend)
     ids, stats = decoder.generate(Oracle(), target, PROMPT, 120)
@@ -250,26 +253,32 @@ def test_adaptive_length_drafts_long_when_drafts_are_always_kept(backend):
 def test_stats_of_a_chain(backend):
     drafter = ContextDrafter()
     decoder = specdec.SpeculativeDecoder(3, backend=backend)
-    ids, stats = decoder.generate(Chain(drafter, ContextModel(VOCAB, seed=16)), target_model(),
-                                  PROMPT, 60, rng=2)
+    ids, stats = decoder.generate(
+        Chain(drafter, ContextModel(VOCAB, seed=16)), target_model(), PROMPT, 60, rng=2
+    )
     assert drafter.started == 1
     assert drafter.extended == stats.total_tokens_generated == len(ids) - len(PROMPT)
     assert sum(stats.draft_length_histogram) == stats.num_target_forward_passes
-    assert sum(n * c for n, c in enumerate(stats.draft_length_histogram)) == \
-        stats.total_draft_tokens_proposed
+    assert (
+        sum(n * c for n, c in enumerate(stats.draft_length_histogram))
+        == stats.total_draft_tokens_proposed
+    )
     by_source = stats.drafts_by_source
     assert set(by_source) <= {"ContextDrafter", "model"}
     assert sum(s["proposed"] for s in by_source.values()) == stats.total_draft_tokens_proposed
     assert sum(s["kept"] for s in by_source.values()) == stats.total_draft_tokens_accepted
 
 
-@pytest.mark.parametrize("proposal, error, match", [
-    (np.array([7]), ValueError, "outside the target's vocabulary"),
-    (np.array([-1]), ValueError, "negative"),
-    (np.array([1.0]), TypeError, "int token ids"),
-    (np.array([[1]]), TypeError, "1-D"),
-    (np.arange(9) % VOCAB, ValueError, "more than max_tokens"),
-])
+@pytest.mark.parametrize(
+    "proposal, error, match",
+    [
+        (np.array([7]), ValueError, "outside the target's vocabulary"),
+        (np.array([-1]), ValueError, "negative"),
+        (np.array([1.0]), TypeError, "int token ids"),
+        (np.array([[1]]), TypeError, "1-D"),
+        (np.arange(9) % VOCAB, ValueError, "more than max_tokens"),
+    ],
+)
 def test_bad_proposals_are_clear_errors(backend, proposal, error, match):
     class Bad(Drafter):
         def propose(self, tokens, max_tokens):
@@ -310,12 +319,20 @@ def test_attributes_are_read_at_every_call(backend):
     assert "gamma=5" in repr(decoder) and "top_k=1" in repr(decoder)
 
 
-@pytest.mark.parametrize("name, value, error", [
-    ("gamma", 0, ValueError), ("gamma", 2.5, TypeError), ("temperature", -1.0, ValueError),
-    ("temperature", "hot", TypeError), ("top_k", 0, ValueError), ("top_p", 1.5, ValueError),
-    ("min_p", 1.0, ValueError), ("verification", "tree", ValueError),
-    ("draft_length", "long", ValueError),
-])
+@pytest.mark.parametrize(
+    "name, value, error",
+    [
+        ("gamma", 0, ValueError),
+        ("gamma", 2.5, TypeError),
+        ("temperature", -1.0, ValueError),
+        ("temperature", "hot", TypeError),
+        ("top_k", 0, ValueError),
+        ("top_p", 1.5, ValueError),
+        ("min_p", 1.0, ValueError),
+        ("verification", "tree", ValueError),
+        ("draft_length", "long", ValueError),
+    ],
+)
 def test_setting_a_bad_attribute_is_refused_and_leaves_the_old_value(name, value, error):
     decoder = specdec.SpeculativeDecoder()
     before = getattr(decoder, name)

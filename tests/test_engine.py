@@ -47,7 +47,7 @@ CONTROLS = {
 }
 
 
-# --- helpers ---------------------------------------------------------------------------
+# --- helpers ------------------------------------------------------------------------------
 
 
 def _draft_rows(kind, logits, controls):
@@ -58,8 +58,9 @@ def _draft_rows(kind, logits, controls):
         return logits
     # probabilities that are not normalised (the engine divides by the row sums)
     with np.errstate(invalid="ignore"):  # padding rows of NaN stay NaN
-        probs = np.stack([warped_probs(row, **controls)
-                          for row in logits.reshape(-1, logits.shape[-1])])
+        probs = np.stack(
+            [warped_probs(row, **controls) for row in logits.reshape(-1, logits.shape[-1])]
+        )
     return (3.0 * probs).reshape(logits.shape).astype(logits.dtype)
 
 
@@ -72,20 +73,29 @@ def _draw_drafts(rng, logits, controls, kind):
     return np.asarray(ids, dtype=np.int64).reshape(logits.shape[:-1])
 
 
-def _random_batch(seed, batch=7, width=5, vocab=40, kind="logits", controls=None,
-                  dtype=np.float64, draft_dtype=None):
+def _random_batch(
+    seed,
+    batch=7,
+    width=5,
+    vocab=40,
+    kind="logits",
+    controls=None,
+    dtype=np.float64,
+    draft_dtype=None,
+):
     rng = np.random.default_rng(seed)
     controls = controls or {}
     target = (1.5 * rng.standard_normal((batch, width + 1, vocab))).astype(dtype)
     draft_logits = (target[:, :width] + rng.standard_normal((batch, width, vocab))).astype(
-        draft_dtype or dtype)
+        draft_dtype or dtype
+    )
     ids = _draw_drafts(rng, draft_logits, controls, kind)
     lengths = rng.integers(0, width + 1, size=batch)
     lengths[0], lengths[-1] = 0, width  # always one empty and one full draft
     # padding holds garbage the engine must not read
     for b, n in enumerate(lengths):
         ids[b, n:] = -7
-        target[b, n + 1:] = np.nan
+        target[b, n + 1 :] = np.nan
         draft_logits[b, n:] = np.nan
     return ids, _draft_rows(kind, draft_logits, controls), target, lengths
 
@@ -94,7 +104,7 @@ def _seeds(batch, base=100):
     return [np.random.default_rng(base + b) for b in range(batch)]
 
 
-# --- a batch is its sequences ----------------------------------------------------------------
+# --- a batch is its sequences -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("controls", list(CONTROLS), ids=list(CONTROLS))
@@ -104,26 +114,39 @@ def test_each_sequence_of_a_batch_equals_verifying_it_alone(backend, kind, schem
     options = dict(CONTROLS[controls], verification=scheme, backend=backend)
     draft_kind = "probs" if kind == "probs" else "logits"
     for seed in range(3):
-        ids, draft, target, lengths = _random_batch(seed, kind=kind,
-                                                    controls=CONTROLS[controls])
+        ids, draft, target, lengths = _random_batch(seed, kind=kind, controls=CONTROLS[controls])
         rngs = _seeds(len(ids))
-        result = verify_batch(ids, draft, target, lengths, draft_kind=draft_kind, rngs=rngs,
-                              **options)
+        result = verify_batch(
+            ids, draft, target, lengths, draft_kind=draft_kind, rngs=rngs, **options
+        )
         alone_rngs = _seeds(len(ids))
         for b, n in enumerate(lengths):
-            alone = verify(ids[b, :n], None if draft is None else draft[b, :n],
-                           target[b, :n + 1], draft_kind=draft_kind, rng=alone_rngs[b],
-                           **options)
+            alone = verify(
+                ids[b, :n],
+                None if draft is None else draft[b, :n],
+                target[b, : n + 1],
+                draft_kind=draft_kind,
+                rng=alone_rngs[b],
+                **options,
+            )
             assert (result.n_accepted[b], result.next_tokens[b]) == alone
             assert same_state(rngs[b].bit_generator.state, alone_rngs[b].bit_generator.state)
-            emitted = list(ids[b, :alone[0]]) + [alone[1]]
+            emitted = list(ids[b, : alone[0]]) + [alone[1]]
             assert result.tokens[b].tolist() == emitted + [-1] * (ids.shape[1] - alone[0])
         # nor on its position: the reversed batch gives the reversed results
-        flipped = verify_batch(ids[::-1], None if draft is None else draft[::-1], target[::-1],
-                               lengths[::-1], draft_kind=draft_kind, rngs=_seeds(len(ids))[::-1],
-                               **options)
+        flipped = verify_batch(
+            ids[::-1],
+            None if draft is None else draft[::-1],
+            target[::-1],
+            lengths[::-1],
+            draft_kind=draft_kind,
+            rngs=_seeds(len(ids))[::-1],
+            **options,
+        )
         assert np.array_equal(flipped.tokens, result.tokens[::-1])
-        assert result.n_accepted.dtype == result.next_tokens.dtype == result.tokens.dtype == np.int64
+        assert (
+            result.n_accepted.dtype == result.next_tokens.dtype == result.tokens.dtype == np.int64
+        )
 
 
 def test_results_are_not_constant(backend):
@@ -140,13 +163,21 @@ def test_thread_counts_give_identical_results(backend, scheme):
     runs = []
     for n_threads in (1, 2, 3, None):
         rngs = _seeds(len(ids))
-        result = verify_batch(ids, draft, target, lengths, rngs=rngs, n_threads=n_threads,
-                              verification=scheme, backend=backend)
+        result = verify_batch(
+            ids,
+            draft,
+            target,
+            lengths,
+            rngs=rngs,
+            n_threads=n_threads,
+            verification=scheme,
+            backend=backend,
+        )
         runs.append((result, [g.bit_generator.state for g in rngs]))
     for result, states in runs[1:]:
-        for got, expected in zip(result, runs[0][0]):
+        for got, expected in zip(result, runs[0][0], strict=False):
             assert np.array_equal(got, expected)
-        assert all(same_state(a, b) for a, b in zip(states, runs[0][1]))
+        assert all(same_state(a, b) for a, b in zip(states, runs[0][1], strict=False))
 
 
 def test_the_thread_pool_is_reused_and_grown_on_demand(backend):
@@ -156,11 +187,9 @@ def test_the_thread_pool_is_reused_and_grown_on_demand(backend):
     assert pool is not None
     verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=2, backend=backend)
     assert engine._pool is pool  # not one pool per call
-    many = verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=6,
-                        backend=backend)
+    many = verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=6, backend=backend)
     assert engine._pool_size >= 5
-    one = verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=1,
-                       backend=backend)
+    one = verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=1, backend=backend)
     assert np.array_equal(many.tokens, one.tokens)
 
 
@@ -168,26 +197,29 @@ def test_int_seeds_equal_generators(backend):
     ids, draft, target, lengths = _random_batch(5)
     seeds = list(range(100, 100 + len(ids)))
     by_seed = verify_batch(ids, draft, target, lengths, rngs=seeds, backend=backend)
-    by_generator = verify_batch(ids, draft, target, lengths, rngs=_seeds(len(ids)),
-                                backend=backend)
+    by_generator = verify_batch(ids, draft, target, lengths, rngs=_seeds(len(ids)), backend=backend)
     assert np.array_equal(by_seed.tokens, by_generator.tokens)
     assert verify(ids[-1], draft[-1], target[-1], rng=7, backend=backend) == verify(
-        ids[-1], draft[-1], target[-1], rng=np.random.default_rng(7), backend=backend)
+        ids[-1], draft[-1], target[-1], rng=np.random.default_rng(7), backend=backend
+    )
 
 
 def test_empty_drafts_and_empty_batch(backend):
     rng = np.random.default_rng(0)
     target = rng.standard_normal((4, 1, 9))
-    result = verify_batch(np.zeros((4, 0), np.int64), None, target, [0] * 4, rngs=_seeds(4),
-                          backend=backend)
+    result = verify_batch(
+        np.zeros((4, 0), np.int64), None, target, [0] * 4, rngs=_seeds(4), backend=backend
+    )
     assert result.n_accepted.tolist() == [0] * 4
-    assert result.tokens.shape == (4, 1) and np.array_equal(result.tokens[:, 0],
-                                                            result.next_tokens)
+    assert result.tokens.shape == (4, 1) and np.array_equal(result.tokens[:, 0], result.next_tokens)
     for b in range(4):
         assert verify([], None, target[b], rng=_seeds(4)[b], backend=backend) == (
-            0, result.next_tokens[b])
-    empty = verify_batch(np.zeros((0, 3), np.int64), None, np.zeros((0, 4, 9)), [], rngs=[],
-                         backend=backend)
+            0,
+            result.next_tokens[b],
+        )
+    empty = verify_batch(
+        np.zeros((0, 3), np.int64), None, np.zeros((0, 4, 9)), [], rngs=[], backend=backend
+    )
     assert [a.shape for a in empty] == [(0,), (0,), (0, 4)]
 
 
@@ -197,15 +229,16 @@ def test_greedy_needs_no_generator_and_is_the_argmax(backend):
     ids = np.where(np.arange(ids.shape[1]) < lengths[:, None], best[:, :-1], ids)
     ids[3, 1] = (ids[3, 1] + 1) % 8  # one wrong draft
     for kind, rows in (("logits", draft), ("one-hot", None)):
-        result = verify_batch(ids, rows, target, lengths, temperature=0.0, rngs=None,
-                              backend=backend)
+        result = verify_batch(
+            ids, rows, target, lengths, temperature=0.0, rngs=None, backend=backend
+        )
         for b, n in enumerate(lengths):
             kept = n if b != 3 or n < 2 else 1
             assert result.n_accepted[b] == kept, kind
             assert result.next_tokens[b] == best[b, kept]
 
 
-# --- the decoder's own step ------------------------------------------------------------------
+# --- the decoder's own step ---------------------------------------------------------------
 
 
 class _Recorder:
@@ -230,16 +263,25 @@ class _Recorder:
         n = len(bound["draft_tokens"])
         state = copy.deepcopy(bound["rng"].bit_generator.state)
         result = self.kernels.verify(*args)
-        self.calls.append((np.array(bound["target_rows"]), np.array(bound["draft_tokens"]),
-                           np.array(self.rows[-n:]), state, type(bound["rng"].bit_generator),
-                           result))
+        self.calls.append(
+            (
+                np.array(bound["target_rows"]),
+                np.array(bound["draft_tokens"]),
+                np.array(self.rows[-n:]),
+                state,
+                type(bound["rng"].bit_generator),
+                result,
+            )
+        )
         return result
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-@pytest.mark.parametrize("controls", [{}, {"temperature": 0.7, "top_k": 4},
-                                      {"top_p": 0.85, "min_p": 0.1}, {"temperature": 0.0}],
-                         ids=["plain", "topk", "topp-minp", "greedy"])
+@pytest.mark.parametrize(
+    "controls",
+    [{}, {"temperature": 0.7, "top_k": 4}, {"top_p": 0.85, "min_p": 0.1}, {"temperature": 0.0}],
+    ids=["plain", "topk", "topp-minp", "greedy"],
+)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_verify_equals_the_decoders_step(backend, scheme, controls, dtype):
     decoder = specdec.SpeculativeDecoder(4, verification=scheme, backend=backend, **controls)
@@ -252,8 +294,9 @@ def test_verify_equals_the_decoders_step(backend, scheme, controls, dtype):
     for rows, drafted, draft_rows, state, bit_type, (n_accepted, token) in spy.calls:
         rng = np.random.Generator(bit_type())
         rng.bit_generator.state = state
-        got = verify(drafted, draft_rows, rows, verification=scheme, rng=rng, backend=backend,
-                     **controls)
+        got = verify(
+            drafted, draft_rows, rows, verification=scheme, rng=rng, backend=backend, **controls
+        )
         assert got[0] == n_accepted
         if token >= 0:  # the decoder's last step may not ask for a bonus token
             assert got[1] == token
@@ -261,7 +304,7 @@ def test_verify_equals_the_decoders_step(backend, scheme, controls, dtype):
     assert len(outcomes) > 1  # both kept and rejected drafts were compared
 
 
-# --- the exact law -------------------------------------------------------------------------------
+# --- the exact law ------------------------------------------------------------------------
 
 VOCAB, K, N_RUNS = 4, 3, 4_000
 
@@ -285,8 +328,7 @@ def _completed_law(target, controls):
 def _inverse_cdf(rng, probs, n):
     """n independent draws from ``probs`` (vectorised inverse CDF)."""
     cdf = np.cumsum(probs)
-    return np.minimum(np.searchsorted(cdf / cdf[-1], rng.random(n), side="right"),
-                      len(probs) - 1)
+    return np.minimum(np.searchsorted(cdf / cdf[-1], rng.random(n), side="right"), len(probs) - 1)
 
 
 def _sample_completed(step, target, draft, kind, controls, seed):
@@ -299,14 +341,15 @@ def _sample_completed(step, target, draft, kind, controls, seed):
     if kind == "one-hot":
         drafts = np.tile([2, 0, 3], (N_RUNS, 1))
     else:
-        drafts = np.stack([_inverse_cdf(others, warped_probs(row, **controls), N_RUNS)
-                           for row in draft], axis=1)
+        drafts = np.stack(
+            [_inverse_cdf(others, warped_probs(row, **controls), N_RUNS) for row in draft], axis=1
+        )
     completions = np.stack([_inverse_cdf(others, p, N_RUNS) for p in probs], axis=1)
     rows = _draft_rows(kind, draft, controls)
     outcomes = []
-    for ids, completion in zip(drafts, completions):
+    for ids, completion in zip(drafts, completions, strict=False):
         emitted = step(ids, rows, rng)
-        outcomes.append(tuple(emitted) + tuple(completion[len(emitted):].tolist()))
+        outcomes.append(tuple(emitted) + tuple(completion[len(emitted) :].tolist()))
     return outcomes
 
 
@@ -319,8 +362,16 @@ def test_exact_law_through_verify(backend, kind, scheme, controls):
     draft_kind = "probs" if kind == "probs" else "logits"
 
     def step(ids, rows, rng):
-        n, token = verify(ids, rows, target, draft_kind=draft_kind, verification=scheme,
-                          rng=rng, backend=backend, **controls)
+        n, token = verify(
+            ids,
+            rows,
+            target,
+            draft_kind=draft_kind,
+            verification=scheme,
+            rng=rng,
+            backend=backend,
+            **controls,
+        )
         return [int(t) for t in ids[:n]] + [token]
 
     outcomes = _sample_completed(step, target, draft, kind, controls, seed=7)
@@ -342,7 +393,7 @@ def test_the_statistic_rejects_a_sampler_that_keeps_every_draft():
     assert pooled_chisquare(outcomes, law).pvalue < POWER_ALPHA
 
 
-# --- inputs: dtypes, DLPack, layouts, no writes ----------------------------------------------------
+# --- inputs: dtypes, DLPack, layouts, no writes -------------------------------------------
 
 
 def _frozen(*arrays):
@@ -350,33 +401,49 @@ def _frozen(*arrays):
 
 
 def _assert_untouched(before, after):
-    for a, b in zip(before, after):
+    for a, b in zip(before, after, strict=False):
         if a is not None:
             assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float64, np.float64),
-                                    (np.float32, np.float64), (np.float64, np.float32)])
+@pytest.mark.parametrize(
+    "dtypes",
+    [
+        (np.float32, np.float32),
+        (np.float64, np.float64),
+        (np.float32, np.float64),
+        (np.float64, np.float32),
+    ],
+)
 def test_dtypes_read_only_and_no_writes(backend, kind, dtypes):
-    ids, draft, target, lengths = _random_batch(9, kind=kind, dtype=dtypes[0],
-                                                draft_dtype=dtypes[1])
+    ids, draft, target, lengths = _random_batch(
+        9, kind=kind, dtype=dtypes[0], draft_dtype=dtypes[1]
+    )
     draft_kind = "probs" if kind == "probs" else "logits"
     before = _frozen(ids, draft, target, lengths)
-    expected = verify_batch(ids, draft, target, lengths, draft_kind=draft_kind,
-                            rngs=_seeds(len(ids)), backend=backend)
+    expected = verify_batch(
+        ids, draft, target, lengths, draft_kind=draft_kind, rngs=_seeds(len(ids)), backend=backend
+    )
     _assert_untouched(before, [ids, draft, target, lengths])
     for array in (ids, draft, target, lengths):
         if array is not None:
             array.flags.writeable = False
-    again = verify_batch(ids, draft, target, lengths, draft_kind=draft_kind,
-                         rngs=_seeds(len(ids)), backend=backend)
+    again = verify_batch(
+        ids, draft, target, lengths, draft_kind=draft_kind, rngs=_seeds(len(ids)), backend=backend
+    )
     assert np.array_equal(again.tokens, expected.tokens)
     _assert_untouched(before, [ids, draft, target, lengths])
     b = int(np.argmax(lengths))
     n = lengths[b]
-    single = verify(ids[b, :n], None if draft is None else draft[b, :n], target[b, :n + 1],
-                    draft_kind=draft_kind, rng=_seeds(len(ids))[b], backend=backend)
+    single = verify(
+        ids[b, :n],
+        None if draft is None else draft[b, :n],
+        target[b, : n + 1],
+        draft_kind=draft_kind,
+        rng=_seeds(len(ids))[b],
+        backend=backend,
+    )
     assert single == (expected.n_accepted[b], expected.next_tokens[b])
     _assert_untouched(before, [ids, draft, target, lengths])
 
@@ -394,17 +461,35 @@ def test_strided_inputs_are_read_right(backend):
     assert np.array_equal(got.tokens, expected.tokens)
     # one row shared by the batch through a zero stride
     shared = np.broadcast_to(target[-1], target.shape)
-    same = verify_batch(np.broadcast_to(ids[-1], ids.shape), np.broadcast_to(draft[-1], draft.shape),
-                        shared, [lengths[-1]] * 6, rngs=list(range(6)), backend=backend)
+    same = verify_batch(
+        np.broadcast_to(ids[-1], ids.shape),
+        np.broadcast_to(draft[-1], draft.shape),
+        shared,
+        [lengths[-1]] * 6,
+        rngs=list(range(6)),
+        backend=backend,
+    )
     alone = [verify(ids[-1], draft[-1], target[-1], rng=b, backend=backend) for b in range(6)]
-    assert list(zip(same.n_accepted, same.next_tokens)) == alone
+    assert list(zip(same.n_accepted, same.next_tokens, strict=False)) == alone
     # other integer types for ids and lengths
-    got = verify_batch(ids.astype(np.int32), draft, target, lengths.astype(np.uint8),
-                       rngs=_seeds(6), backend=backend)
+    got = verify_batch(
+        ids.astype(np.int32),
+        draft,
+        target,
+        lengths.astype(np.uint8),
+        rngs=_seeds(6),
+        backend=backend,
+    )
     assert np.array_equal(got.tokens, expected.tokens)
     # non-native byte order
-    got = verify_batch(ids, draft, target.astype(target.dtype.newbyteorder(">")), lengths,
-                       rngs=_seeds(6), backend=backend)
+    got = verify_batch(
+        ids,
+        draft,
+        target.astype(target.dtype.newbyteorder(">")),
+        lengths,
+        rngs=_seeds(6),
+        backend=backend,
+    )
     assert np.array_equal(got.tokens, expected.tokens)
 
 
@@ -420,19 +505,30 @@ def test_torch_tensors_through_dlpack(backend, dtype):
     before = [t.clone() for t in tensors]
     got = verify_batch(*tensors, rngs=_seeds(len(ids)), backend=backend)
     assert np.array_equal(got.tokens, expected.tokens)
-    assert all(torch.equal(a, b) for a, b in zip(tensors, before))
+    assert all(torch.equal(a, b) for a, b in zip(tensors, before, strict=False))
     # a view, not a copy: np.from_dlpack shares the tensor's memory
     assert np.shares_memory(np.from_dlpack(tensors[2]), tensors[2].numpy())
     n = int(lengths[-1])
-    single = verify(tensors[0][-1, :n], tensors[1][-1, :n], tensors[2][-1, :n + 1],
-                    rng=_seeds(len(ids))[-1], backend=backend)
+    single = verify(
+        tensors[0][-1, :n],
+        tensors[1][-1, :n],
+        tensors[2][-1, : n + 1],
+        rng=_seeds(len(ids))[-1],
+        backend=backend,
+    )
     assert single == (expected.n_accepted[-1], expected.next_tokens[-1])
     with pytest.raises(TypeError, match="target_logits"):
-        verify_batch(ids, draft, torch.from_numpy(target).requires_grad_(), lengths,
-                     rngs=_seeds(len(ids)), backend=backend)
+        verify_batch(
+            ids,
+            draft,
+            torch.from_numpy(target).requires_grad_(),
+            lengths,
+            rngs=_seeds(len(ids)),
+            backend=backend,
+        )
 
 
-# --- errors in the rows ----------------------------------------------------------------------------
+# --- errors in the rows -------------------------------------------------------------------
 
 
 def test_invalid_rows_name_the_argument_sequence_and_row(backend):
@@ -444,8 +540,11 @@ def test_invalid_rows_name_the_argument_sequence_and_row(backend):
     bad = target.copy()
     bad[2, 0] = np.nan
     bad[4, 0, 3] = np.inf
-    with pytest.raises(ValueError, match=r"target_logits\[2, 0\] \(sequence 2, row 0\) holds "
-                                         r"NaN or \+inf"):
+    with pytest.raises(
+        ValueError,
+        match=r"target_logits\[2, 0\] \(sequence 2, row 0\) holds "
+        r"NaN or \+inf",
+    ):
         verify_batch(ids, draft, bad, lengths, rngs=_seeds(5), n_threads=2, backend=backend)
     masked = target.copy()
     masked[1, 0] = -np.inf
@@ -485,7 +584,7 @@ def test_a_row_error_leaves_every_other_generator_as_its_own_call_would(backend)
     alone = _seeds(6)
     for b, n in enumerate(lengths):
         if b != 1:
-            verify(ids[b, :n], draft[b, :n], target[b, :n + 1], rng=alone[b], backend=backend)
+            verify(ids[b, :n], draft[b, :n], target[b, : n + 1], rng=alone[b], backend=backend)
             assert same_state(rngs[b].bit_generator.state, alone[b].bit_generator.state)
 
 
@@ -496,41 +595,52 @@ def _probs_batch(seed, batch, width=3, vocab=10):
     return ids, draft, rng.standard_normal((batch, width + 1, vocab)), np.full(batch, width)
 
 
-@pytest.mark.parametrize("change, match", [
-    (lambda d: d.__setitem__((2, 1, 0), -0.1), r"draft\[2, 1\] .*NaN, inf or a negative"),
-    (lambda d: d.__setitem__((2, 1, 0), np.inf), r"draft\[2, 1\] .*NaN, inf or a negative"),
-    (lambda d: d.__setitem__((2, 1, 0), np.nan), r"draft\[2, 1\] .*NaN, inf or a negative"),
-    (lambda d: d.__setitem__((2, 1), 0.0), r"draft\[2, 1\] .*no positive mass"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda d: d.__setitem__((2, 1, 0), -0.1), r"draft\[2, 1\] .*NaN, inf or a negative"),
+        (lambda d: d.__setitem__((2, 1, 0), np.inf), r"draft\[2, 1\] .*NaN, inf or a negative"),
+        (lambda d: d.__setitem__((2, 1, 0), np.nan), r"draft\[2, 1\] .*NaN, inf or a negative"),
+        (lambda d: d.__setitem__((2, 1), 0.0), r"draft\[2, 1\] .*no positive mass"),
+    ],
+)
 def test_bad_draft_probabilities(backend, change, match):
     ids, draft, target, lengths = _probs_batch(13, batch=4)
     change(draft)
     rngs = _seeds(4)
     states = [copy.deepcopy(g.bit_generator.state) for g in rngs]
     with pytest.raises(ValueError, match=match):
-        verify_batch(ids, draft, target, lengths, draft_kind="probs", rngs=rngs,
-                     n_threads=1, backend=backend)
+        verify_batch(
+            ids, draft, target, lengths, draft_kind="probs", rngs=rngs, n_threads=1, backend=backend
+        )
     assert same_state(rngs[2].bit_generator.state, states[2])  # found before drawing
 
 
 def test_drafted_token_of_probability_zero_is_refused(backend):
     ids, draft, target, lengths = _probs_batch(14, batch=3)
     draft[1, 1, ids[1, 1]] = 0.0
-    with pytest.raises(ValueError, match=r"draft_token_ids\[1, 1\] \(sequence 1, row 1\): "
-                                               r"token \d+ has probability 0"):
-        verify_batch(ids, draft, target, lengths, draft_kind="probs", rngs=_seeds(3),
-                     backend=backend)
+    with pytest.raises(
+        ValueError,
+        match=r"draft_token_ids\[1, 1\] \(sequence 1, row 1\): "
+        r"token \d+ has probability 0",
+    ):
+        verify_batch(
+            ids, draft, target, lengths, draft_kind="probs", rngs=_seeds(3), backend=backend
+        )
 
 
-# --- bad arguments ------------------------------------------------------------------------------------
+# --- bad arguments ------------------------------------------------------------------------
 
 
 def _good():
     rng = np.random.default_rng(0)
-    return {"draft_token_ids": np.zeros((2, 3), np.int64),
-            "draft": rng.standard_normal((2, 3, 8)),
-            "target_logits": rng.standard_normal((2, 4, 8)),
-            "lengths": np.array([3, 1]), "rngs": [np.random.default_rng(1), 2]}
+    return {
+        "draft_token_ids": np.zeros((2, 3), np.int64),
+        "draft": rng.standard_normal((2, 3, 8)),
+        "target_logits": rng.standard_normal((2, 4, 8)),
+        "lengths": np.array([3, 1]),
+        "rngs": [np.random.default_rng(1), 2],
+    }
 
 
 BAD_BATCH = [
@@ -538,17 +648,30 @@ BAD_BATCH = [
     ("draft_token_ids", np.zeros(3, np.int64), ValueError, r"draft_token_ids must be 2-D"),
     ("draft_token_ids", np.zeros((2, 3)), TypeError, "draft_token_ids must hold integer"),
     ("draft_token_ids", np.zeros((2, 3), bool), TypeError, "draft_token_ids must hold integer"),
-    ("draft_token_ids", np.full((2, 3), 8), ValueError,
-     r"draft_token_ids\[0, 0\] is 8, outside the vocabulary \[0, 8\)"),
-    ("draft_token_ids", np.array([[0, 0, -1], [0, 0, 0]]), ValueError,
-     r"draft_token_ids\[0, 2\] is -1"),
+    (
+        "draft_token_ids",
+        np.full((2, 3), 8),
+        ValueError,
+        r"draft_token_ids\[0, 0\] is 8, outside the vocabulary \[0, 8\)",
+    ),
+    (
+        "draft_token_ids",
+        np.array([[0, 0, -1], [0, 0, 0]]),
+        ValueError,
+        r"draft_token_ids\[0, 2\] is -1",
+    ),
     ("draft_token_ids", np.zeros((3, 3), np.int64), ValueError, r"target_logits must have shape"),
     ("draft", np.zeros((2, 3, 8), np.float16), TypeError, "draft must hold float32 or float64"),
     ("draft", np.zeros((2, 3, 8), np.int64), TypeError, "draft must hold float32 or float64"),
     ("draft", np.zeros((2, 2, 8)), ValueError, r"draft must have shape \(2, 3, V\)"),
     ("draft", np.zeros((2, 3, 9)), ValueError, "draft and target_logits disagree on the vocab"),
     ("draft", np.zeros((3, 8)), ValueError, "draft must be 3-D"),
-    ("target_logits", np.zeros((2, 3, 8)), ValueError, r"target_logits must have shape \(2, 4, V\)"),
+    (
+        "target_logits",
+        np.zeros((2, 3, 8)),
+        ValueError,
+        r"target_logits must have shape \(2, 4, V\)",
+    ),
     ("target_logits", np.zeros((2, 4, 8), np.complex128), TypeError, "target_logits must hold"),
     ("target_logits", np.zeros((2, 4, 0)), ValueError, "target_logits has no vocabulary"),
     ("target_logits", [[["a"]]], TypeError, "target_logits must hold float32"),
@@ -576,8 +699,9 @@ BAD_BATCH = [
 ]
 
 
-@pytest.mark.parametrize("name, value, error, match", BAD_BATCH,
-                         ids=[f"{n}-{i}" for i, (n, *_) in enumerate(BAD_BATCH)])
+@pytest.mark.parametrize(
+    "name, value, error, match", BAD_BATCH, ids=[f"{n}-{i}" for i, (n, *_) in enumerate(BAD_BATCH)]
+)
 def test_verify_batch_rejects_bad_arguments(backend, name, value, error, match):
     arguments = _good()
     kwargs = {"backend": backend}
@@ -586,8 +710,11 @@ def test_verify_batch_rejects_bad_arguments(backend, name, value, error, match):
     else:
         kwargs[name] = value
     rngs = arguments.pop("rngs")
-    states = [copy.deepcopy(g.bit_generator.state) for g in rngs
-              if isinstance(g, np.random.Generator)] if isinstance(rngs, list) else []
+    states = (
+        [copy.deepcopy(g.bit_generator.state) for g in rngs if isinstance(g, np.random.Generator)]
+        if isinstance(rngs, list)
+        else []
+    )
     if name != "backend":
         kwargs["backend"] = backend
     with pytest.raises(error, match=match):
@@ -616,12 +743,18 @@ BAD_SINGLE = [
 ]
 
 
-@pytest.mark.parametrize("name, value, error, match", BAD_SINGLE,
-                         ids=[f"{n}-{i}" for i, (n, *_) in enumerate(BAD_SINGLE)])
+@pytest.mark.parametrize(
+    "name, value, error, match",
+    BAD_SINGLE,
+    ids=[f"{n}-{i}" for i, (n, *_) in enumerate(BAD_SINGLE)],
+)
 def test_verify_rejects_bad_arguments(backend, name, value, error, match):
     rng = np.random.default_rng(0)
-    arguments = {"draft_token_ids": [0, 1], "draft": rng.standard_normal((2, 8)),
-                 "target_logits": rng.standard_normal((3, 8))}
+    arguments = {
+        "draft_token_ids": [0, 1],
+        "draft": rng.standard_normal((2, 8)),
+        "target_logits": rng.standard_normal((3, 8)),
+    }
     kwargs = {"rng": 0, "backend": backend}
     if name in arguments:
         arguments[name] = value

@@ -46,15 +46,21 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from toymodels import (
+    ContextModel,
+    SparseVocabModel,
+    enumerate_joint_law,
+    new_tokens,
+    pooled_chisquare,
+    warped_probs,
+)
 
 import specdec
 from specdec._backend import kernels_for
-from toymodels import (ContextModel, SparseVocabModel, enumerate_joint_law, new_tokens,
-                       pooled_chisquare, warped_probs)
 
 N_RUNS = 10_000
-ALPHA = 1e-3          # a correct sampler fails with this probability (per seed set)
-POWER_ALPHA = 1e-6    # a wrong sampler must be rejected at least this strongly
+ALPHA = 1e-3  # a correct sampler fails with this probability (per seed set)
+POWER_ALPHA = 1e-6  # a wrong sampler must be rejected at least this strongly
 
 
 class KeepRows:
@@ -82,7 +88,7 @@ class Config:
     gamma: int
     temperature: float
     max_new_tokens: int
-    n_tokens: int                  # new tokens whose joint law is compared
+    n_tokens: int  # new tokens whose joint law is compared
     eos: int | None
     draft_dtype: type
     target_dtype: type
@@ -93,15 +99,24 @@ class Config:
     draft_scale: float = 1.5
     draft_masked: tuple | None = None
     target_masked: tuple | None = None
-    live: tuple | None = None      # a SparseVocabModel over these ids of a large vocabulary
-    keep_rows: bool = False        # both models take ``logits_to_keep``
+    live: tuple | None = None  # a SparseVocabModel over these ids of a large vocabulary
+    keep_rows: bool = False  # both models take ``logits_to_keep``
 
     def models(self):
         if self.live is None:
-            draft = ContextModel(self.vocab, seed=self.draft_seed, scale=self.draft_scale,
-                                 dtype=self.draft_dtype, masked=self.draft_masked)
-            target = ContextModel(self.vocab, seed=self.target_seed, dtype=self.target_dtype,
-                                  masked=self.target_masked)
+            draft = ContextModel(
+                self.vocab,
+                seed=self.draft_seed,
+                scale=self.draft_scale,
+                dtype=self.draft_dtype,
+                masked=self.draft_masked,
+            )
+            target = ContextModel(
+                self.vocab,
+                seed=self.target_seed,
+                dtype=self.target_dtype,
+                masked=self.target_masked,
+            )
             if self.keep_rows:
                 return KeepRows(draft), KeepRows(target)
             return draft, target
@@ -109,49 +124,151 @@ class Config:
         def inner(ids):
             return None if ids is None else [self.live.index(i) for i in ids]
 
-        draft = SparseVocabModel(self.vocab, self.live, seed=self.draft_seed,
-                                 scale=self.draft_scale, dtype=self.draft_dtype,
-                                 masked=inner(self.draft_masked))
-        target = SparseVocabModel(self.vocab, self.live, seed=self.target_seed,
-                                  dtype=self.target_dtype, masked=inner(self.target_masked))
+        draft = SparseVocabModel(
+            self.vocab,
+            self.live,
+            seed=self.draft_seed,
+            scale=self.draft_scale,
+            dtype=self.draft_dtype,
+            masked=inner(self.draft_masked),
+        )
+        target = SparseVocabModel(
+            self.vocab,
+            self.live,
+            seed=self.target_seed,
+            dtype=self.target_dtype,
+            masked=inner(self.target_masked),
+        )
         return draft, target
 
     def law(self, target):
-        return enumerate_joint_law(target, list(self.prompt), self.n_tokens, self.eos,
-                                   temperature=self.temperature)
+        return enumerate_joint_law(
+            target, list(self.prompt), self.n_tokens, self.eos, temperature=self.temperature
+        )
 
 
 CONFIGS = [
-    Config("g1", vocab=4, gamma=1, temperature=1.0, max_new_tokens=4, n_tokens=4, eos=None,
-           draft_dtype=np.float64, target_dtype=np.float64, draft_seed=101, target_seed=102,
-           prompt=(0, 1), rng_seed=1001),
-    Config("g3eos", vocab=5, gamma=3, temperature=0.7, max_new_tokens=4, n_tokens=4, eos=2,
-           draft_dtype=np.float64, target_dtype=np.float32, draft_seed=201, target_seed=202,
-           prompt=(3,), rng_seed=1002, draft_scale=1.0),
-    Config("g5", vocab=6, gamma=5, temperature=1.3, max_new_tokens=3, n_tokens=3, eos=None,
-           draft_dtype=np.float32, target_dtype=np.float64, draft_seed=304, target_seed=302,
-           prompt=(5, 0, 2), rng_seed=1003),
-    Config("g5eos", vocab=5, gamma=5, temperature=1.0, max_new_tokens=3, n_tokens=3, eos=0,
-           draft_dtype=np.float32, target_dtype=np.float32, draft_seed=401, target_seed=402,
-           prompt=(1, 4), rng_seed=1004, draft_scale=2.0),
+    Config(
+        "g1",
+        vocab=4,
+        gamma=1,
+        temperature=1.0,
+        max_new_tokens=4,
+        n_tokens=4,
+        eos=None,
+        draft_dtype=np.float64,
+        target_dtype=np.float64,
+        draft_seed=101,
+        target_seed=102,
+        prompt=(0, 1),
+        rng_seed=1001,
+    ),
+    Config(
+        "g3eos",
+        vocab=5,
+        gamma=3,
+        temperature=0.7,
+        max_new_tokens=4,
+        n_tokens=4,
+        eos=2,
+        draft_dtype=np.float64,
+        target_dtype=np.float32,
+        draft_seed=201,
+        target_seed=202,
+        prompt=(3,),
+        rng_seed=1002,
+        draft_scale=1.0,
+    ),
+    Config(
+        "g5",
+        vocab=6,
+        gamma=5,
+        temperature=1.3,
+        max_new_tokens=3,
+        n_tokens=3,
+        eos=None,
+        draft_dtype=np.float32,
+        target_dtype=np.float64,
+        draft_seed=304,
+        target_seed=302,
+        prompt=(5, 0, 2),
+        rng_seed=1003,
+    ),
+    Config(
+        "g5eos",
+        vocab=5,
+        gamma=5,
+        temperature=1.0,
+        max_new_tokens=3,
+        n_tokens=3,
+        eos=0,
+        draft_dtype=np.float32,
+        target_dtype=np.float32,
+        draft_seed=401,
+        target_seed=402,
+        prompt=(1, 4),
+        rng_seed=1004,
+        draft_scale=2.0,
+    ),
     # The draft can never propose 1 (only the residual or the bonus draw can make
     # it); the target never allows 2, which the draft proposes often.  Six tokens
     # are generated and the first four compared: the law of a prefix must not
     # depend on what is generated after it.
-    Config("g3msk", vocab=4, gamma=3, temperature=1.3, max_new_tokens=6, n_tokens=4, eos=3,
-           draft_dtype=np.float64, target_dtype=np.float32, draft_seed=501, target_seed=502,
-           prompt=(0,), rng_seed=1005, draft_masked=(1,), target_masked=(2,)),
-    Config("g1eos", vocab=6, gamma=1, temperature=0.7, max_new_tokens=3, n_tokens=3, eos=5,
-           draft_dtype=np.float32, target_dtype=np.float32, draft_seed=601, target_seed=602,
-           prompt=(2, 2), rng_seed=1006, keep_rows=True),
+    Config(
+        "g3msk",
+        vocab=4,
+        gamma=3,
+        temperature=1.3,
+        max_new_tokens=6,
+        n_tokens=4,
+        eos=3,
+        draft_dtype=np.float64,
+        target_dtype=np.float32,
+        draft_seed=501,
+        target_seed=502,
+        prompt=(0,),
+        rng_seed=1005,
+        draft_masked=(1,),
+        target_masked=(2,),
+    ),
+    Config(
+        "g1eos",
+        vocab=6,
+        gamma=1,
+        temperature=0.7,
+        max_new_tokens=3,
+        n_tokens=3,
+        eos=5,
+        draft_dtype=np.float32,
+        target_dtype=np.float32,
+        draft_seed=601,
+        target_seed=602,
+        prompt=(2, 2),
+        rng_seed=1006,
+        keep_rows=True,
+    ),
     # V = 1300: three blocks of the compiled core's sampling pass (BLOCK_SIZE = 512),
     # ten live ids spread over them and whole runs of -inf between.  The target
     # forbids 900 (block 1), the draft 7 and 1299 (blocks 0 and 2): the residual
     # must find its mass in another block than the rejected draft's.
-    Config("g3blk", vocab=1300, gamma=3, temperature=1.0, max_new_tokens=3, n_tokens=3,
-           eos=1024, draft_dtype=np.float32, target_dtype=np.float64, draft_seed=701,
-           target_seed=702, prompt=(0, 512), rng_seed=1008, draft_masked=(7, 1299),
-           target_masked=(900,), live=(0, 7, 300, 511, 512, 513, 900, 1023, 1024, 1299)),
+    Config(
+        "g3blk",
+        vocab=1300,
+        gamma=3,
+        temperature=1.0,
+        max_new_tokens=3,
+        n_tokens=3,
+        eos=1024,
+        draft_dtype=np.float32,
+        target_dtype=np.float64,
+        draft_seed=701,
+        target_seed=702,
+        prompt=(0, 512),
+        rng_seed=1008,
+        draft_masked=(7, 1299),
+        target_masked=(900,),
+        live=(0, 7, 300, 511, 512, 513, 900, 1023, 1024, 1299),
+    ),
 ]
 CONFIG_BY_ID = {c.id: c for c in CONFIGS}
 
@@ -163,8 +280,9 @@ def run_decoder(decoder, draft, target, config, n_runs=N_RUNS):
     histogram = np.zeros(decoder.gamma + 1, dtype=np.int64)
     prompt = list(config.prompt)
     for _ in range(n_runs):
-        ids, stats = decoder.generate(draft, target, prompt, config.max_new_tokens,
-                                      config.eos, rng=rng)
+        ids, stats = decoder.generate(
+            draft, target, prompt, config.max_new_tokens, config.eos, rng=rng
+        )
         counts[new_tokens(ids, prompt, config.n_tokens)] += 1
         histogram += stats.accepted_length_histogram
     return counts, histogram
@@ -211,19 +329,26 @@ def test_configs_cover_the_brief():
 TOKEN_SCHEME_IDS = ("g3eos", "g5", "g3blk")
 
 
-@pytest.mark.parametrize("config, verification",
-                         [(c, "block") for c in CONFIGS]
-                         + [(c, "token") for c in CONFIGS if c.id in TOKEN_SCHEME_IDS],
-                         ids=lambda v: v.id if isinstance(v, Config) else v)
+@pytest.mark.parametrize(
+    "config, verification",
+    [(c, "block") for c in CONFIGS] + [(c, "token") for c in CONFIGS if c.id in TOKEN_SCHEME_IDS],
+    ids=lambda v: v.id if isinstance(v, Config) else v,
+)
 def test_joint_law_is_the_targets(backend, config, verification):
     draft, target = config.models()
-    decoder = specdec.SpeculativeDecoder(gamma=config.gamma, temperature=config.temperature,
-                                         verification=verification, backend=backend)
+    decoder = specdec.SpeculativeDecoder(
+        gamma=config.gamma,
+        temperature=config.temperature,
+        verification=verification,
+        backend=backend,
+    )
     counts, histogram = run_decoder(decoder, draft, target, config)
     result = pooled_chisquare(counts, config.law(target))
-    print(f"exact law [{backend}, {config.id}, {verification}]: chi2={result.statistic:.1f} "
-          f"dof={result.dof} "
-          f"p={result.pvalue:.3g} (pooled {result.n_pooled} cells)")
+    print(
+        f"exact law [{backend}, {config.id}, {verification}]: chi2={result.statistic:.1f} "
+        f"dof={result.dof} "
+        f"p={result.pvalue:.3g} (pooled {result.n_pooled} cells)"
+    )
     check_exact(result)
     # Both decisions happen: some steps reject their first draft, some keep drafts.
     assert histogram[0] > 0 and histogram[1:].sum() > 0, histogram
@@ -250,13 +375,15 @@ def test_masked_token_is_never_produced_and_first_token_law_is_exact(backend):
     produced = collections.Counter()
     for _ in range(N_RUNS):
         ids, _ = decoder.generate(draft, target, prompt, 3, rng=rng)
-        counts[tuple(ids[len(prompt):len(prompt) + 1])] += 1
-        produced.update(ids[len(prompt):])
+        counts[tuple(ids[len(prompt) : len(prompt) + 1])] += 1
+        produced.update(ids[len(prompt) :])
     assert produced[masked_target] == 0
     assert produced[masked_draft] > 0
     result = pooled_chisquare(counts, first)
-    print(f"first token with masks [{backend}]: chi2={result.statistic:.1f} dof={result.dof} "
-          f"p={result.pvalue:.3g}")
+    print(
+        f"first token with masks [{backend}]: chi2={result.statistic:.1f} dof={result.dof} "
+        f"p={result.pvalue:.3g}"
+    )
     check_exact(result)
 
 
@@ -279,8 +406,9 @@ def test_draft_whose_dtype_changes_between_calls(backend):
     error (the drafts of a block share one weights buffer), never sampled wrongly."""
     config = CONFIG_BY_ID["g3eos"]
     draft, target = config.models()
-    decoder = specdec.SpeculativeDecoder(gamma=config.gamma, temperature=config.temperature,
-                                         backend=backend)
+    decoder = specdec.SpeculativeDecoder(
+        gamma=config.gamma, temperature=config.temperature, backend=backend
+    )
     with pytest.raises(TypeError, match="draft_model returned .* logits after"):
         decoder.generate(DtypeSwitchingModel(draft), target, list(config.prompt), 6, rng=0)
 
@@ -296,8 +424,9 @@ def test_draft_whose_dtype_changes_between_calls(backend):
 
 def _draw_from_row(real_verify, target_rows, i, draft_tokens, rest, options):
     """A token from the target's (warped) law of row ``i``: verify with zero drafts."""
-    _, token = real_verify(target_rows[i:i + 1], draft_tokens[:0], None, None, True, *rest,
-                           **options)
+    _, token = real_verify(
+        target_rows[i : i + 1], draft_tokens[:0], None, None, True, *rest, **options
+    )
     return token
 
 
@@ -319,18 +448,22 @@ def _residual_from_p(kernels):
     real_verify = kernels.verify
 
     def verify(target_rows, draft_tokens, draft_weights, draft_laws, bonus, *rest, **options):
-        n_accepted, token = real_verify(target_rows, draft_tokens, draft_weights, draft_laws,
-                                        bonus, *rest, **options)
+        n_accepted, token = real_verify(
+            target_rows, draft_tokens, draft_weights, draft_laws, bonus, *rest, **options
+        )
         if n_accepted < len(draft_tokens):
-            token = _draw_from_row(real_verify, target_rows, n_accepted, draft_tokens, rest,
-                                   options)
+            token = _draw_from_row(
+                real_verify, target_rows, n_accepted, draft_tokens, rest, options
+            )
         return n_accepted, token
 
     return verify
 
 
-WRONG_SAMPLERS = {"keep_every_draft": (_keep_every_draft, "g3eos"),
-                  "residual_from_p": (_residual_from_p, "g5eos")}
+WRONG_SAMPLERS = {
+    "keep_every_draft": (_keep_every_draft, "g3eos"),
+    "residual_from_p": (_residual_from_p, "g5eos"),
+}
 
 
 @pytest.mark.parametrize("wrong", sorted(WRONG_SAMPLERS))
@@ -344,12 +477,15 @@ def test_power_statistic_rejects_a_wrong_sampler(wrong, monkeypatch):
     kernels = kernels_for(backend)
     monkeypatch.setattr(kernels, "verify", make_wrong(kernels))
     draft, target = config.models()
-    decoder = specdec.SpeculativeDecoder(gamma=config.gamma, temperature=config.temperature,
-                                         backend=backend)
+    decoder = specdec.SpeculativeDecoder(
+        gamma=config.gamma, temperature=config.temperature, backend=backend
+    )
     counts, _ = run_decoder(decoder, draft, target, config)
     result = pooled_chisquare(counts, config.law(target))
-    print(f"power check {wrong} [{backend}, {config_id}]: chi2={result.statistic:.1f} "
-          f"dof={result.dof} p={result.pvalue:.3g}; {result.impossible} impossible outcomes")
+    print(
+        f"power check {wrong} [{backend}, {config_id}]: chi2={result.statistic:.1f} "
+        f"dof={result.dof} p={result.pvalue:.3g}; {result.impossible} impossible outcomes"
+    )
     assert result.pvalue < POWER_ALPHA, result
 
 

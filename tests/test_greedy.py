@@ -27,10 +27,10 @@ import copy
 
 import numpy as np
 import pytest
+from toymodels import ContextModel
 
 import specdec
 from specdec._backend import kernels_for
-from toymodels import ContextModel
 
 VOCAB = 6
 TARGET_MASKED = (4,)
@@ -68,11 +68,13 @@ class TieAdversary:
 
 
 def make_models(target_dtype, draft_dtype):
-    target = ContextModel(VOCAB, seed=7, scale=1.0, integer=True, masked=TARGET_MASKED,
-                          dtype=target_dtype)
+    target = ContextModel(
+        VOCAB, seed=7, scale=1.0, integer=True, masked=TARGET_MASKED, dtype=target_dtype
+    )
     drafts = {
-        "independent": ContextModel(VOCAB, seed=8, scale=1.0, integer=True,
-                                    masked=DRAFT_MASKED, dtype=draft_dtype),
+        "independent": ContextModel(
+            VOCAB, seed=8, scale=1.0, integer=True, masked=DRAFT_MASKED, dtype=draft_dtype
+        ),
         "tie_adversary": TieAdversary(target, draft_dtype),
         "target_itself": target,
     }
@@ -85,7 +87,7 @@ DTYPES = [(np.float64, np.float32), (np.float32, np.float64)]
 def _tied_rows_on_path(model, sequence, prompt_len):
     """Rows of the decoded path (predicting each new token) whose maximum is tied."""
     logits = np.asarray(model.forward(np.asarray([sequence], dtype=np.int64)))[0]
-    rows = logits[prompt_len - 1:len(sequence) - 1]
+    rows = logits[prompt_len - 1 : len(sequence) - 1]
     return int(sum((row == row.max()).sum() > 1 for row in rows))
 
 
@@ -99,34 +101,40 @@ def test_greedy_equals_argmax_decoding(backend, gamma, verification):
     adversary_discarded = 0
     for target_dtype, draft_dtype in DTYPES:
         target, drafts = make_models(target_dtype, draft_dtype)
-        decoder = specdec.SpeculativeDecoder(gamma=gamma, temperature=0.0,
-                                             verification=verification, backend=backend)
+        decoder = specdec.SpeculativeDecoder(
+            gamma=gamma, temperature=0.0, verification=verification, backend=backend
+        )
         for name, draft in drafts.items():
             for prompt in PROMPTS:
                 for max_new in MAX_NEW:
                     for eos in (None, EOS):
                         expected = argmax_decode(target, prompt, max_new, eos)
-                        ids, stats = decoder.generate(draft, target, prompt, max_new, eos,
-                                                      rng=rng)
+                        ids, stats = decoder.generate(draft, target, prompt, max_new, eos, rng=rng)
                         assert ids == expected, (name, prompt, max_new, eos, gamma)
                         assert stats.total_tokens_generated == len(ids) - len(prompt)
                         if name == "target_itself":
-                            assert stats.total_draft_tokens_accepted == \
-                                stats.total_draft_tokens_proposed
+                            assert (
+                                stats.total_draft_tokens_accepted
+                                == stats.total_draft_tokens_proposed
+                            )
                         if name == "tie_adversary":
-                            adversary_discarded += (stats.total_draft_tokens_proposed
-                                                    - stats.total_draft_tokens_accepted)
+                            adversary_discarded += (
+                                stats.total_draft_tokens_proposed
+                                - stats.total_draft_tokens_accepted
+                            )
                         if name == "independent":  # argmax tokens this draft cannot propose
-                            draft_masked_kept += sum(t in DRAFT_MASKED for t in ids[len(prompt):])
+                            draft_masked_kept += sum(t in DRAFT_MASKED for t in ids[len(prompt) :])
                         if eos is not None and len(ids) - len(prompt) < max_new:
                             early_eos += 1
-                        assert all(t not in TARGET_MASKED for t in ids[len(prompt):])
+                        assert all(t not in TARGET_MASKED for t in ids[len(prompt) :])
                         tied += _tied_rows_on_path(target, ids, len(prompt))
     # The scenario exercised what it claims: ties at the maximum on the decoded paths,
     # drafts rejected because of a tie, EOS ending runs early, and argmax tokens
     # that the draft masks (-inf).
-    print(f"gamma={gamma}: tied rows {tied}, adversary drafts discarded {adversary_discarded}, "
-          f"early EOS {early_eos}, draft-masked tokens output {draft_masked_kept}")
+    print(
+        f"gamma={gamma}: tied rows {tied}, adversary drafts discarded {adversary_discarded}, "
+        f"early EOS {early_eos}, draft-masked tokens output {draft_masked_kept}"
+    )
     assert tied > 50 and adversary_discarded > 10 and early_eos > 10 and draft_masked_kept > 10
     # No random number was drawn.
     assert rng.bit_generator.state == rng_state
@@ -140,8 +148,7 @@ def test_greedy_with_decoder_seed_draws_nothing(backend):
     generator = np.random.default_rng(5)
     state = copy.deepcopy(generator.bit_generator.state)
     target, drafts = make_models(np.float32, np.float32)
-    decoder = specdec.SpeculativeDecoder(gamma=3, temperature=0, seed=generator,
-                                         backend=backend)
+    decoder = specdec.SpeculativeDecoder(gamma=3, temperature=0, seed=generator, backend=backend)
     for prompt in PROMPTS:
         ids, _ = decoder.generate(drafts["tie_adversary"], target, prompt, 12, EOS)
         assert ids == argmax_decode(target, prompt, 12, EOS)
@@ -151,11 +158,13 @@ def test_greedy_with_decoder_seed_draws_nothing(backend):
 def test_greedy_ignores_the_other_controls(backend):
     """The argmax survives any top-k / top-p / min-p, so greedy output is unchanged."""
     target, drafts = make_models(np.float64, np.float64)
-    decoder = specdec.SpeculativeDecoder(gamma=4, temperature=0.0, top_k=2, top_p=0.3,
-                                         min_p=0.5, backend=backend)
+    decoder = specdec.SpeculativeDecoder(
+        gamma=4, temperature=0.0, top_k=2, top_p=0.3, min_p=0.5, backend=backend
+    )
     for prompt in PROMPTS:
-        ids, _ = decoder.generate(drafts["independent"], target, prompt, 10,
-                                  rng=np.random.default_rng(0))
+        ids, _ = decoder.generate(
+            drafts["independent"], target, prompt, 10, rng=np.random.default_rng(0)
+        )
         assert ids == argmax_decode(target, prompt, 10)
 
 
@@ -167,8 +176,9 @@ def test_sample_greedy_equals_argmax_decoding(backend, target_dtype):
     for prompt in PROMPTS:
         for max_new in MAX_NEW:
             for eos in (None, EOS):
-                ids, stats = specdec.sample(target, prompt, max_new, eos, temperature=0.0,
-                                            rng=rng, backend=backend)
+                ids, stats = specdec.sample(
+                    target, prompt, max_new, eos, temperature=0.0, rng=rng, backend=backend
+                )
                 assert ids == argmax_decode(target, prompt, max_new, eos)
                 assert stats.num_target_forward_passes == len(ids) - len(prompt)
     assert rng.bit_generator.state == state
@@ -181,7 +191,7 @@ def test_tie_adversary_differs_from_target_only_at_ties():
     adversary = drafts["tie_adversary"]
     ids = np.asarray([[0, 3, 5, 2, 2, 1, 0, 4, 5, 3, 3, 1]])
     t_rows, a_rows = target.forward(ids)[0], adversary.forward(ids)[0]
-    for t_row, a_row in zip(t_rows, a_rows):
+    for t_row, a_row in zip(t_rows, a_rows, strict=False):
         maxima = np.flatnonzero(t_row == t_row.max())
         assert int(np.argmax(a_row)) == maxima[-1]
 
@@ -192,13 +202,15 @@ def test_comparison_detects_a_wrong_greedy_sampler(backend, monkeypatch):
     kernels = kernels_for(backend)
     real_verify = kernels.verify
 
-    def keep_every_draft(target_rows, draft_tokens, draft_weights, draft_laws, bonus, *rest,
-                         **options):
+    def keep_every_draft(
+        target_rows, draft_tokens, draft_weights, draft_laws, bonus, *rest, **options
+    ):
         n = len(draft_tokens)
         if not bonus:
             return n, -1
-        _, token = real_verify(target_rows[n:], draft_tokens[:0], None, None, True, *rest,
-                               **options)
+        _, token = real_verify(
+            target_rows[n:], draft_tokens[:0], None, None, True, *rest, **options
+        )
         return n, token
 
     monkeypatch.setattr(kernels, "verify", keep_every_draft)

@@ -32,23 +32,33 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from toymodels import ContextModel, same_state
 
 from specdec._backend import available_backends, kernels_for
-from specdec._common import (ALL_MASKED_LOGITS, LAW_DTYPE, NONFINITE_LOGITS, SHIFT_LIMIT,
-                             InvalidLogitsError)
+from specdec._common import (
+    ALL_MASKED_LOGITS,
+    LAW_DTYPE,
+    NONFINITE_LOGITS,
+    SHIFT_LIMIT,
+    InvalidLogitsError,
+)
 from specdec._validation import SamplingControls
-from toymodels import ContextModel, same_state
 
 # derandomize: CI runs the same examples every time (a deep run can set
 # SPECDEC_HYPOTHESIS_RANDOM=1 to explore new ones).
-SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow],
-                derandomize=not os.environ.get("SPECDEC_HYPOTHESIS_RANDOM"))
+SETTINGS = dict(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=not os.environ.get("SPECDEC_HYPOTHESIS_RANDOM"),
+)
 #: Multiplies every max_examples (e.g. SPECDEC_HYPOTHESIS_SCALE=20 for a deep run).
 SCALE = float(os.environ.get("SPECDEC_HYPOTHESIS_SCALE", "1"))
 
 
 def examples(n):
     return max(1, int(n * SCALE))
+
+
 DTYPES = [np.float32, np.float64]
 
 
@@ -98,16 +108,22 @@ def possible(row, temperature, top_k=0, top_p=1.0, min_p=0.0, slack=1e-5):
 
 def finite_floats(dtype, bound):
     bound = float(dtype(bound))  # representable in the row's type
-    return st.floats(-bound, bound, allow_nan=False, allow_infinity=False,
-                     width=32 if dtype is np.float32 else 64)
+    return st.floats(
+        -bound,
+        bound,
+        allow_nan=False,
+        allow_infinity=False,
+        width=32 if dtype is np.float32 else 64,
+    )
 
 
 @st.composite
 def rows(draw, dtype=None, vocab=None, max_vocab=24):
     """One row of logits (at least one finite value)."""
     dtype = dtype or draw(st.sampled_from(DTYPES))
-    kind = draw(st.sampled_from(["floats", "floats", "onehot", "uniform", "huge", "tiny",
-                                 "seeded"]))
+    kind = draw(
+        st.sampled_from(["floats", "floats", "onehot", "uniform", "huge", "tiny", "seeded"])
+    )
     if kind == "seeded" and vocab is None:
         vocab = draw(st.sampled_from([1, 2, 511, 512, 513, 1100]))
     if vocab is None:
@@ -123,11 +139,15 @@ def rows(draw, dtype=None, vocab=None, max_vocab=24):
     elif kind == "uniform":
         row = np.full(vocab, draw(finite_floats(dtype, 1e30)))
     elif kind == "huge":
-        row = np.array(draw(st.lists(st.sampled_from([1e30, -1e30, 0.0, -np.inf]),
-                                     min_size=vocab, max_size=vocab)))
+        row = np.array(
+            draw(
+                st.lists(
+                    st.sampled_from([1e30, -1e30, 0.0, -np.inf]), min_size=vocab, max_size=vocab
+                )
+            )
+        )
     elif kind == "tiny":
-        row = np.array(draw(st.lists(finite_floats(dtype, 1e-30), min_size=vocab,
-                                     max_size=vocab)))
+        row = np.array(draw(st.lists(finite_floats(dtype, 1e-30), min_size=vocab, max_size=vocab)))
     else:
         rng = np.random.default_rng(draw(st.integers(0, 2**32)))
         row = draw(st.sampled_from([0.3, 3.0, 30.0])) * rng.standard_normal(vocab)
@@ -137,8 +157,9 @@ def rows(draw, dtype=None, vocab=None, max_vocab=24):
     return row.astype(dtype)
 
 
-temperatures = st.one_of(st.sampled_from([0.0, 1e-3, 0.01, 0.5, 1.0, 2.0, 100.0]),
-                         st.floats(1e-3, 10.0))
+temperatures = st.one_of(
+    st.sampled_from([0.0, 1e-3, 0.01, 0.5, 1.0, 2.0, 100.0]), st.floats(1e-3, 10.0)
+)
 
 
 @st.composite
@@ -159,9 +180,14 @@ def run_sample(kernels, row, temperature, top_k, top_p, min_p, seed):
     rng = np.random.default_rng(seed)
     law = np.full(1, np.nan, LAW_DTYPE)
     weights = np.zeros(len(row), dtype=row.dtype)
-    token = kernels.sample_token(row, SamplingControls(temperature, top_k, top_p, min_p), rng,
-                                 law, weights,
-                                 kernels.Workspace(len(row)))
+    token = kernels.sample_token(
+        row,
+        SamplingControls(temperature, top_k, top_p, min_p),
+        rng,
+        law,
+        weights,
+        kernels.Workspace(len(row)),
+    )
     return token, law, weights, rng.bit_generator.state
 
 
@@ -190,8 +216,9 @@ def test_sample_token_properties(kernels, case):
             assert shift == row.max()
     twin = twin_of(kernels)
     if twin is not None:
-        other, other_law, other_weights, other_state = run_sample(twin, row, temperature, top_k,
-                                                                  top_p, min_p, seed)
+        other, other_law, other_weights, other_state = run_sample(
+            twin, row, temperature, top_k, top_p, min_p, seed
+        )
         assert token == other
         assert same_state(state, other_state)
         if temperature > 0:
@@ -214,8 +241,12 @@ def test_sample_token_only_masks_nothing_when_controls_are_off(kernels, row, see
 
 
 @settings(max_examples=examples(40), **SETTINGS)
-@given(vocab=st.integers(1, 30), seed=st.integers(0, 2**63), dtype=st.sampled_from(DTYPES),
-       temperature=temperatures)
+@given(
+    vocab=st.integers(1, 30),
+    seed=st.integers(0, 2**63),
+    dtype=st.sampled_from(DTYPES),
+    temperature=temperatures,
+)
 def test_one_hot_and_single_token(kernels, vocab, seed, dtype, temperature):
     index = seed % vocab
     row = np.full(vocab, -np.inf, dtype=dtype)
@@ -231,9 +262,17 @@ def test_uniform_row_draws_every_token(kernels):
         for temperature in (1.0, 1e-3):
             row = np.full(7, value)
             rng = np.random.default_rng(0)
-            seen = {kernels.sample_token(row, SamplingControls(temperature), rng,
-                                         np.zeros(1, LAW_DTYPE),
-                                         np.zeros(7), kernels.Workspace(7)) for _ in range(300)}
+            seen = {
+                kernels.sample_token(
+                    row,
+                    SamplingControls(temperature),
+                    rng,
+                    np.zeros(1, LAW_DTYPE),
+                    np.zeros(7),
+                    kernels.Workspace(7),
+                )
+                for _ in range(300)
+            }
             assert seen == set(range(7)), (value, temperature)
 
 
@@ -257,11 +296,20 @@ def verify_cases(draw):
     temperature = draw(temperatures)
     top_k, top_p, min_p = draw(controls(vocab))
     arbitrary = draw(st.booleans()) and relation != "same"
-    return dict(target=target.astype(dtype_t), draft=draft.astype(dtype_d),
-                temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                arbitrary_tokens=arbitrary, relation=relation, bonus=draw(st.booleans()),
-                seed=draw(st.integers(0, 2**63)), block=draw(st.booleans()),
-                one_hot=draw(st.booleans()))
+    return dict(
+        target=target.astype(dtype_t),
+        draft=draft.astype(dtype_d),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        arbitrary_tokens=arbitrary,
+        relation=relation,
+        bonus=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**63)),
+        block=draw(st.booleans()),
+        one_hot=draw(st.booleans()),
+    )
 
 
 def make_drafts(kernels, case):
@@ -275,8 +323,9 @@ def make_drafts(kernels, case):
     tokens = np.zeros(n, dtype=np.int64)
     rng = np.random.default_rng(case["seed"] ^ 0x5EED)
     for i in range(n):
-        tokens[i] = kernels.sample_token(draft[i], controls, rng, laws[i:i + 1], weights[i],
-                                         kernels.Workspace(vocab))
+        tokens[i] = kernels.sample_token(
+            draft[i], controls, rng, laws[i : i + 1], weights[i], kernels.Workspace(vocab)
+        )
     if case["arbitrary_tokens"]:
         tokens = np.random.default_rng(case["seed"]).integers(0, vocab, size=n)
     return tokens, laws, weights, controls
@@ -293,8 +342,17 @@ def test_verify_properties(kernels, case):
     if case["one_hot"]:
         laws = weights = None
     rng = np.random.default_rng(case["seed"])
-    n_accepted, token = kernels.verify(target, tokens, weights, laws, case["bonus"], controls,
-                                       rng, kernels.Workspace(vocab), case["block"])
+    n_accepted, token = kernels.verify(
+        target,
+        tokens,
+        weights,
+        laws,
+        case["bonus"],
+        controls,
+        rng,
+        kernels.Workspace(vocab),
+        case["block"],
+    )
     assert type(n_accepted) is int and type(token) is int
     assert 0 <= n_accepted <= n
     if n_accepted == n and not case["bonus"]:
@@ -322,8 +380,14 @@ def test_verify_properties(kernels, case):
         # block verification the residual max(0, p_tau p - q) lies inside max(0, p - q).
         p_law, p_weights = np.zeros(1, LAW_DTYPE), np.zeros(vocab, dtype=target.dtype)
         twin = kernels_for("python")
-        twin.sample_token(target[n_accepted], controls, np.random.default_rng(0), p_law,
-                          p_weights, twin.Workspace(vocab))
+        twin.sample_token(
+            target[n_accepted],
+            controls,
+            np.random.default_rng(0),
+            p_law,
+            p_weights,
+            twin.Workspace(vocab),
+        )
         # as the kernels do it: weight times the reciprocal of the total
         p = p_weights.astype(np.float64) * (1.0 / p_law["total"][0])
         q = weights[n_accepted].astype(np.float64) * (1.0 / laws["total"][n_accepted])
@@ -333,8 +397,17 @@ def test_verify_properties(kernels, case):
     twin = twin_of(kernels)
     if twin is not None:
         other_rng = np.random.default_rng(case["seed"])
-        assert twin.verify(target, tokens, weights, laws, case["bonus"], controls, other_rng,
-                           twin.Workspace(vocab), case["block"]) == (n_accepted, token)
+        assert twin.verify(
+            target,
+            tokens,
+            weights,
+            laws,
+            case["bonus"],
+            controls,
+            other_rng,
+            twin.Workspace(vocab),
+            case["block"],
+        ) == (n_accepted, token)
         assert same_state(rng.bit_generator.state, other_rng.bit_generator.state)
 
 
@@ -360,8 +433,13 @@ def test_invalid_logits_error_is_a_value_error():
 
 
 @settings(max_examples=examples(80), **SETTINGS)
-@given(row=rows(), how=st.sampled_from(list(CODES)), where=st.integers(0, 2**16),
-       temperature=temperatures, seed=st.integers(0, 2**63))
+@given(
+    row=rows(),
+    how=st.sampled_from(list(CODES)),
+    where=st.integers(0, 2**16),
+    temperature=temperatures,
+    seed=st.integers(0, 2**63),
+)
 def test_sample_token_rejects_rows_without_a_law(kernels, row, how, where, temperature, seed):
     bad = spoil(row, how, where % len(row))
     with pytest.raises(InvalidLogitsError) as info:
@@ -372,23 +450,35 @@ def test_sample_token_rejects_rows_without_a_law(kernels, row, how, where, tempe
 
 
 @settings(max_examples=examples(80), **SETTINGS)
-@given(vocab=st.integers(1, 600), n=st.integers(0, 4), data=st.data(),
-       how=st.sampled_from(list(CODES)), dtype=st.sampled_from(DTYPES),
-       temperature=temperatures, seed=st.integers(0, 2**63))
-def test_verify_rejects_the_row_it_reaches(kernels, vocab, n, data, how, dtype, temperature,
-                                           seed):
+@given(
+    vocab=st.integers(1, 600),
+    n=st.integers(0, 4),
+    data=st.data(),
+    how=st.sampled_from(list(CODES)),
+    dtype=st.sampled_from(DTYPES),
+    temperature=temperatures,
+    seed=st.integers(0, 2**63),
+)
+def test_verify_rejects_the_row_it_reaches(kernels, vocab, n, data, how, dtype, temperature, seed):
     """Draft and target agree before the bad row, so the decision reaches it; with
     every draft kept, the bonus row (index n) is reached too."""
     bad_index = data.draw(st.integers(0, n))
     rng = np.random.default_rng(seed)
     target = (2.0 * rng.standard_normal((n + 1, vocab))).astype(dtype)
-    case = dict(draft=target[:n].copy(), target=target, temperature=temperature, top_k=0,
-                top_p=1.0, min_p=0.0, arbitrary_tokens=False, seed=seed)
+    case = dict(
+        draft=target[:n].copy(),
+        target=target,
+        temperature=temperature,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        arbitrary_tokens=False,
+        seed=seed,
+    )
     tokens, laws, weights, controls = make_drafts(kernels, case)
     target[bad_index] = spoil(target[bad_index], how, int(rng.integers(vocab)))
     with pytest.raises(InvalidLogitsError) as info:
-        kernels.verify(target, tokens, weights, laws, True, controls, rng,
-                       kernels.Workspace(vocab))
+        kernels.verify(target, tokens, weights, laws, True, controls, rng, kernels.Workspace(vocab))
     assert info.value.row == bad_index and info.value.code == CODES[how]
 
 
@@ -404,18 +494,34 @@ def test_workspace_rejects_an_empty_vocabulary(kernels, vocab_size):
 def test_workspace_of_one(kernels):
     work = kernels.Workspace(1)
     assert work.vocab_size == 1
-    assert kernels.sample_token(np.array([2.5]), SamplingControls(), np.random.default_rng(0),
-                                np.zeros(1, LAW_DTYPE), np.zeros(1), work) == 0
+    assert (
+        kernels.sample_token(
+            np.array([2.5]),
+            SamplingControls(),
+            np.random.default_rng(0),
+            np.zeros(1, LAW_DTYPE),
+            np.zeros(1),
+            work,
+        )
+        == 0
+    )
 
 
 def _verify_args(kernels, vocab=5, n=2, temperature=1.0, **changes):
     laws = np.zeros(n, LAW_DTYPE)
     laws["tau"] = laws["zmin"] = -np.inf
     laws["total"] = vocab
-    args = dict(target_rows=np.zeros((n + 1, vocab)), draft_tokens=np.arange(n, dtype=np.int64),
-                draft_weights=np.ones((n, vocab)), draft_laws=laws, bonus=True,
-                controls=SamplingControls(temperature), rng=np.random.default_rng(0),
-                work=kernels.Workspace(vocab), block=False)
+    args = dict(
+        target_rows=np.zeros((n + 1, vocab)),
+        draft_tokens=np.arange(n, dtype=np.int64),
+        draft_weights=np.ones((n, vocab)),
+        draft_laws=laws,
+        bonus=True,
+        controls=SamplingControls(temperature),
+        rng=np.random.default_rng(0),
+        work=kernels.Workspace(vocab),
+        block=False,
+    )
     args.update(changes)
     return list(args.values())
 
@@ -449,21 +555,33 @@ def test_verify_rejects_mismatched_shapes(kernels, case, temperature):
 
 @pytest.mark.parametrize("case", ["wrong_rank", "tokens_2d"])
 def test_verify_rejects_wrong_ranks(kernels, case):
-    changes = ({"target_rows": np.zeros(5)} if case == "wrong_rank"
-               else {"draft_tokens": np.array([[0, 1]])})
+    changes = (
+        {"target_rows": np.zeros(5)}
+        if case == "wrong_rank"
+        else {"draft_tokens": np.array([[0, 1]])}
+    )
     with pytest.raises((ValueError, TypeError)):
         kernels.verify(*_verify_args(kernels, **changes))
 
 
-@pytest.mark.parametrize("laws", [np.ones((2, 4)), np.ones((2, 3)), np.ones(2, [("total", "f8")]),
-                                  [(0.0, 0.0, 0.0, 1.0)] * 2, np.ones((2, 1), LAW_DTYPE)])
+@pytest.mark.parametrize(
+    "laws",
+    [
+        np.ones((2, 4)),
+        np.ones((2, 3)),
+        np.ones(2, [("total", "f8")]),
+        [(0.0, 0.0, 0.0, 1.0)] * 2,
+        np.ones((2, 1), LAW_DTYPE),
+    ],
+)
 def test_verify_rejects_laws_that_are_not_law_dtype(kernels, laws):
     with pytest.raises((TypeError, ValueError), match="verify: draft_laws"):
         kernels.verify(*_verify_args(kernels, draft_laws=laws))
 
 
-@pytest.mark.parametrize("case", ["short_logits", "long_logits", "short_law", "short_weights",
-                                  "long_weights"])
+@pytest.mark.parametrize(
+    "case", ["short_logits", "long_logits", "short_law", "short_weights", "long_weights"]
+)
 def test_sample_token_rejects_mismatched_sizes(kernels, case):
     logits, law, weights = np.zeros(5), np.zeros(1, LAW_DTYPE), np.zeros(5)
     if case == "short_logits":
@@ -478,15 +596,26 @@ def test_sample_token_rejects_mismatched_sizes(kernels, case):
         weights = np.zeros(6)
     for temperature in (0.0, 1.0):
         with pytest.raises(ValueError):
-            kernels.sample_token(logits, SamplingControls(temperature), np.random.default_rng(0),
-                                 law, weights, kernels.Workspace(5))
+            kernels.sample_token(
+                logits,
+                SamplingControls(temperature),
+                np.random.default_rng(0),
+                law,
+                weights,
+                kernels.Workspace(5),
+            )
 
 
 def test_sample_token_rejects_weights_of_another_dtype(kernels):
     with pytest.raises((ValueError, TypeError)):
-        kernels.sample_token(np.zeros(5), SamplingControls(), np.random.default_rng(0),
-                             np.zeros(1, LAW_DTYPE), np.zeros(5, dtype=np.float32),
-                             kernels.Workspace(5))
+        kernels.sample_token(
+            np.zeros(5),
+            SamplingControls(),
+            np.random.default_rng(0),
+            np.zeros(1, LAW_DTYPE),
+            np.zeros(5, dtype=np.float32),
+            kernels.Workspace(5),
+        )
 
 
 # --- regressions found in review ------------------------------------------------------
@@ -501,8 +630,14 @@ def test_top_p_within_rounding_of_one_keeps_every_token(kernels, dtype, vocab):
     for trial in range(20):
         row = rng.uniform(-3, 0, vocab).astype(dtype)
         law, weights = np.zeros(1, LAW_DTYPE), np.empty(vocab, dtype)
-        kernels.sample_token(row, SamplingControls(1.0, 0, float(np.nextafter(1.0, 0.0))),
-                             np.random.default_rng(trial), law, weights, kernels.Workspace(vocab))
+        kernels.sample_token(
+            row,
+            SamplingControls(1.0, 0, float(np.nextafter(1.0, 0.0))),
+            np.random.default_rng(trial),
+            law,
+            weights,
+            kernels.Workspace(vocab),
+        )
         assert law["tau"] == -np.inf or law["tau"] <= row.min(), (trial, law)
         assert np.all(weights > 0)
 
@@ -528,8 +663,9 @@ def test_provisional_shift_and_its_redo(kernels, dtype, gap):
     row[700] = row[512:].max() + 1.0  # the one token that matters
     head_max = float(row[:512].max())
     law, weights = np.zeros(1, LAW_DTYPE), np.empty(vocab, dtype)
-    token = kernels.sample_token(row, SamplingControls(), np.random.default_rng(0), law, weights,
-                                 kernels.Workspace(vocab))
+    token = kernels.sample_token(
+        row, SamplingControls(), np.random.default_rng(0), law, weights, kernels.Workspace(vocab)
+    )
     expected_shift = float(row.max()) if float(row.max()) - head_max > SHIFT_LIMIT else head_max
     assert law["shift"] == expected_shift
     assert np.all(np.isfinite(weights)) and np.isfinite(law["total"])
@@ -539,8 +675,14 @@ def test_provisional_shift_and_its_redo(kernels, dtype, gap):
     twin = twin_of(kernels)
     if twin is not None:
         other_law, other_weights = np.zeros(1, LAW_DTYPE), np.empty(vocab, dtype)
-        other = twin.sample_token(row, SamplingControls(), np.random.default_rng(0), other_law,
-                                  other_weights, twin.Workspace(vocab))
+        other = twin.sample_token(
+            row,
+            SamplingControls(),
+            np.random.default_rng(0),
+            other_law,
+            other_weights,
+            twin.Workspace(vocab),
+        )
         assert other == token and np.array_equal(other_weights, weights)
 
 
@@ -560,8 +702,9 @@ def test_row_laws_are_sample_tokens_laws(kernels, dtype, controls):
     assert same_state(state, rng.bit_generator.state)
     for i in range(4):
         law, w = np.zeros(1, LAW_DTYPE), np.zeros(700, dtype)
-        kernels.sample_token(rows[i], controls, np.random.default_rng(0), law, w,
-                             kernels.Workspace(700))
+        kernels.sample_token(
+            rows[i], controls, np.random.default_rng(0), law, w, kernels.Workspace(700)
+        )
         assert law[0] == laws[i] and np.array_equal(w, weights[i])
 
 
@@ -569,24 +712,32 @@ def test_row_laws_names_the_bad_row(kernels):
     rows = np.zeros((3, 5))
     rows[2, 1] = np.nan
     with pytest.raises(InvalidLogitsError) as info:
-        kernels.row_laws(rows, SamplingControls(), np.zeros(3, LAW_DTYPE), np.zeros((3, 5)),
-                         kernels.Workspace(5))
+        kernels.row_laws(
+            rows, SamplingControls(), np.zeros(3, LAW_DTYPE), np.zeros((3, 5)), kernels.Workspace(5)
+        )
     assert info.value.row == 2 and info.value.code == NONFINITE_LOGITS
 
 
-@pytest.mark.parametrize("change, error, match", [
-    (dict(laws_out=np.zeros((3, 4))), TypeError, "laws_out"),
-    (dict(laws_out=np.zeros(2, LAW_DTYPE)), ValueError, "laws_out"),
-    (dict(weights_out=np.zeros((3, 5), np.float32)), TypeError, "weights_out"),
-    (dict(weights_out=np.zeros((3, 6))), ValueError, "weights_out"),
-    (dict(rows=np.zeros(5)), ValueError, "rows"),
-    (dict(rows=np.zeros((3, 5), np.int64)), TypeError, "rows"),
-    (dict(controls=(1.0, 0, 1.0, 0.0)), TypeError, "controls"),
-])
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (dict(laws_out=np.zeros((3, 4))), TypeError, "laws_out"),
+        (dict(laws_out=np.zeros(2, LAW_DTYPE)), ValueError, "laws_out"),
+        (dict(weights_out=np.zeros((3, 5), np.float32)), TypeError, "weights_out"),
+        (dict(weights_out=np.zeros((3, 6))), ValueError, "weights_out"),
+        (dict(rows=np.zeros(5)), ValueError, "rows"),
+        (dict(rows=np.zeros((3, 5), np.int64)), TypeError, "rows"),
+        (dict(controls=(1.0, 0, 1.0, 0.0)), TypeError, "controls"),
+    ],
+)
 def test_row_laws_rejects_bad_arguments(kernels, change, error, match):
-    args = dict(rows=np.zeros((3, 5)), controls=SamplingControls(),
-                laws_out=np.zeros(3, LAW_DTYPE), weights_out=np.zeros((3, 5)),
-                work=kernels.Workspace(5))
+    args = dict(
+        rows=np.zeros((3, 5)),
+        controls=SamplingControls(),
+        laws_out=np.zeros(3, LAW_DTYPE),
+        weights_out=np.zeros((3, 5)),
+        work=kernels.Workspace(5),
+    )
     args.update(change)
     with pytest.raises(error, match=match):
         kernels.row_laws(**args)

@@ -101,7 +101,9 @@ def random_edit_walk(adapter, fresh_logits, start_seq, vocab_size, n_steps, rng)
             seq = np.concatenate([seq, rng.integers(0, vocab_size, GAMMA + 1)])
         elif kind == 2:  # reject drafts: cut back and put other tokens there
             cut = int(rng.integers(1, GAMMA + 1))
-            seq = np.concatenate([seq[:-cut], rng.integers(0, vocab_size, int(rng.integers(1, GAMMA + 2)))])
+            seq = np.concatenate(
+                [seq[:-cut], rng.integers(0, vocab_size, int(rng.integers(1, GAMMA + 2)))]
+            )
         elif kind == 3:  # pure rollback, nothing new
             cut = int(rng.integers(1, GAMMA + 1))
             seq = seq[:-cut]
@@ -168,7 +170,10 @@ def check_linear_work(draft, target, prompt, n_new, temperature):
     p = len(prompt)
     linear_budget = p + n_new * (GAMMA + 1)
     assert target.n_evaluated_tokens <= p + stats.num_target_forward_passes * (GAMMA + 1)
-    assert draft.n_evaluated_tokens <= p + stats.num_draft_forward_passes + stats.num_target_forward_passes
+    assert (
+        draft.n_evaluated_tokens
+        <= p + stats.num_draft_forward_passes + stats.num_target_forward_passes
+    )
     assert target.n_evaluated_tokens + draft.n_evaluated_tokens <= 2 * linear_budget
     # What re-running the full sequence on every call would have cost the
     # target alone: the calls' lengths grow from p to p + n_new.
@@ -262,15 +267,26 @@ def tiny_lms():
     torch.manual_seed(0)
     gpt2 = transformers.GPT2LMHeadModel(
         transformers.GPT2Config(
-            n_layer=2, n_embd=64, n_head=2, vocab_size=TF_VOCAB, n_positions=1024,
-            bos_token_id=0, eos_token_id=1,
+            n_layer=2,
+            n_embd=64,
+            n_head=2,
+            vocab_size=TF_VOCAB,
+            n_positions=1024,
+            bos_token_id=0,
+            eos_token_id=1,
         )
     )
     llama = transformers.LlamaForCausalLM(
         transformers.LlamaConfig(
-            num_hidden_layers=2, hidden_size=64, intermediate_size=128,
-            num_attention_heads=4, num_key_value_heads=2, vocab_size=TF_VOCAB,
-            max_position_embeddings=1024, bos_token_id=0, eos_token_id=1,
+            num_hidden_layers=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=TF_VOCAB,
+            max_position_embeddings=1024,
+            bos_token_id=0,
+            eos_token_id=1,
             # Larger weights than the default init spread the logits out, so
             # greedy decoding does not hinge on near ties.
             initializer_range=0.2,
@@ -299,7 +315,9 @@ def test_transformers_rollbacks_match_fresh_evaluation(tiny_lms, tf_prompt, whic
     hf = tiny_lms[which]
     adapter = models.TransformersModel(hf)
     assert adapter.vocab_size == TF_VOCAB
-    worst = random_edit_walk(adapter, _tf_fresh(hf), tf_prompt, TF_VOCAB, 60, np.random.default_rng(which))
+    worst = random_edit_walk(
+        adapter, _tf_fresh(hf), tf_prompt, TF_VOCAB, 60, np.random.default_rng(which)
+    )
     print(f"transformers {type(hf).__name__}: max |logit - fresh logit| = {worst:.3g}")
     # Same float32 arithmetic, only split differently between calls:
     # measured ~4e-7 (gpt2) and ~1e-6 (llama, larger weights).
@@ -389,11 +407,15 @@ def test_transformers_greedy_speculative_equals_greedy(tiny_lms, tf_prompt):
     spec_ids, stats = specdec.SpeculativeDecoder(gamma=GAMMA, temperature=0.0).generate(
         draft, target, tf_prompt, max_new_tokens=n_new
     )
-    greedy_ids, _ = specdec.sample(models.TransformersModel(llama), tf_prompt, n_new, temperature=0.0)
+    greedy_ids, _ = specdec.sample(
+        models.TransformersModel(llama), tf_prompt, n_new, temperature=0.0
+    )
     # torch's batched and one-token evaluations agree to ~1e-6 and the
     # logits are well spread, so exact equality is expected here; the helper
     # additionally checks every token is an argmax of a fresh evaluation.
-    first_diff, _, _ = greedy_divergence(spec_ids, greedy_ids, len(tf_prompt), _tf_fresh(llama), tol=1e-4)
+    first_diff, _, _ = greedy_divergence(
+        spec_ids, greedy_ids, len(tf_prompt), _tf_fresh(llama), tol=1e-4
+    )
     assert first_diff is None
     assert list(spec_ids) == list(greedy_ids)
     assert stats.total_tokens_generated == n_new
@@ -413,7 +435,9 @@ def test_transformers_same_model_accepts_nearly_everything(tiny_lms, tf_prompt):
 
 def test_transformers_memory_is_stable(tiny_lms, tf_prompt):
     gpt2, llama = tiny_lms
-    check_memory_stable(models.TransformersModel(gpt2), models.TransformersModel(llama), tf_prompt, 48)
+    check_memory_stable(
+        models.TransformersModel(gpt2), models.TransformersModel(llama), tf_prompt, 48
+    )
 
 
 def test_transformers_work_is_linear(tiny_lms, tf_prompt):
@@ -565,12 +589,16 @@ def test_llama_rollbacks_match_fresh_evaluation(
     # batched evaluations: the bound then only covers the kernel difference
     # (measured up to ~1.2).
     adapter = models.LlamaCppModel(smollm2, min_eval_tokens=min_eval_tokens, **LLAMA_KW)
-    worst = random_edit_walk(adapter, smol_fresh, smol_prompt, SMOL_VOCAB, steps, np.random.default_rng(0))
+    worst = random_edit_walk(
+        adapter, smol_fresh, smol_prompt, SMOL_VOCAB, steps, np.random.default_rng(0)
+    )
     print(f"llama.cpp min_eval_tokens={min_eval_tokens}: max |logit - fresh logit| = {worst:.6f}")
     assert worst <= tol, worst
 
 
-def test_llama_greedy_speculative_equals_batched_greedy(smol_batched, smol_draft, smollm2, smol_prompt):
+def test_llama_greedy_speculative_equals_batched_greedy(
+    smol_batched, smol_draft, smollm2, smol_prompt
+):
     # Exact check. Both targets never evaluate a token alone, so all their
     # logits come from llama.cpp's batched kernels and are bit-identical
     # however the sequence is split: speculative greedy decoding must give
@@ -611,12 +639,18 @@ def test_llama_greedy_speculative_follows_target_argmax(
     target2 = models.LlamaCppModel(smollm2, **LLAMA_KW)
     greedy_ids, _ = specdec.sample(target2, smol_prompt, n_new, temperature=0.0)
     first_diff, gap_there, min_gap = greedy_divergence(
-        spec_ids, greedy_ids, len(smol_prompt), smol_fresh, LLAMA_BATCHED_TOL,
+        spec_ids,
+        greedy_ids,
+        len(smol_prompt),
+        smol_fresh,
+        LLAMA_BATCHED_TOL,
         divergence_tol=LLAMA_SINGLE_VS_BATCH_TOL,
     )
-    print(f"llama.cpp greedy: first difference from plain greedy at position {first_diff} "
-          f"(prompt {len(smol_prompt)}), top-2 gap there {gap_there}, smallest top-2 gap "
-          f"{min_gap:.4f}, acceptance {stats.acceptance_rate:.3f}")
+    print(
+        f"llama.cpp greedy: first difference from plain greedy at position {first_diff} "
+        f"(prompt {len(smol_prompt)}), top-2 gap there {gap_there}, smallest top-2 gap "
+        f"{min_gap:.4f}, acceptance {stats.acceptance_rate:.3f}"
+    )
     assert stats.total_tokens_generated == n_new
 
 
@@ -634,8 +668,10 @@ def test_llama_same_model_acceptance(smollm2, smol_prompt, min_eval_tokens, boun
     _, stats = specdec.SpeculativeDecoder(gamma=GAMMA, temperature=1.0, seed=5).generate(
         draft, target, smol_prompt, max_new_tokens=128
     )
-    print(f"llama.cpp draft == target, min_eval_tokens={min_eval_tokens}: "
-          f"acceptance at T=1 = {stats.acceptance_rate:.4f}")
+    print(
+        f"llama.cpp draft == target, min_eval_tokens={min_eval_tokens}: "
+        f"acceptance at T=1 = {stats.acceptance_rate:.4f}"
+    )
     assert stats.acceptance_rate >= bound, stats.acceptance_rate
 
 

@@ -20,22 +20,24 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from toymodels import ContextModel, same_state
 
 from specdec import SpeculativeDecoder, sample
 from specdec._backend import available_backends
 from specdec._common import LAW_DTYPE
 from specdec._validation import SamplingControls
-from toymodels import ContextModel, same_state
 
 pytestmark = pytest.mark.skipif(
     "cython" not in available_backends(),
-    reason="parity needs the compiled core (pure-Python install)")
+    reason="parity needs the compiled core (pure-Python install)",
+)
 
 DTYPES = [np.float32, np.float64]
 
 
 def _kernels():
     from specdec import _core, _fallback
+
     return _core, _fallback
 
 
@@ -66,9 +68,14 @@ def table_pair(vocab, seed, noise, draft_dtype, target_dtype, rows=16, scale=3.0
 
 
 def counts_of(stats):
-    return (stats.total_tokens_generated, stats.total_draft_tokens_proposed,
-            stats.total_draft_tokens_accepted, stats.num_target_forward_passes,
-            stats.num_draft_forward_passes, list(stats.accepted_length_histogram))
+    return (
+        stats.total_tokens_generated,
+        stats.total_draft_tokens_proposed,
+        stats.total_draft_tokens_accepted,
+        stats.num_target_forward_passes,
+        stats.num_draft_forward_passes,
+        list(stats.accepted_length_histogram),
+    )
 
 
 def run_both(draft, target, prompt, max_new, eos, gamma, temperature, controls, seed):
@@ -102,58 +109,77 @@ def test_decoder_parity_small_vocabularies(block):
     """240 seeded runs (60 per block) over small vocabularies, ties included."""
     master = np.random.default_rng(100 + block)
     decided = {"accepted": 0, "rejected": 0, "eos": 0}
-    for run in range(60):
+    for _run in range(60):
         vocab = int(master.choice([2, 3, 4, 7, 16, 50]))
         gamma = int(master.integers(1, 9))
         temperature = float(master.choice([0.0, 0.25, 0.7, 1.0, 1.6]))
         dtype_d, dtype_t = (DTYPES[int(i)] for i in master.integers(0, 2, size=2))
         integer = bool(master.integers(0, 4) == 0)  # integer logits: ties everywhere
-        draft = ContextModel(vocab, seed=int(master.integers(1 << 30)), dtype=dtype_d,
-                             scale=float(master.choice([1.0, 2.5])), integer=integer)
-        target = ContextModel(vocab, seed=int(master.integers(1 << 30)), dtype=dtype_t,
-                              integer=integer)
+        draft = ContextModel(
+            vocab,
+            seed=int(master.integers(1 << 30)),
+            dtype=dtype_d,
+            scale=float(master.choice([1.0, 2.5])),
+            integer=integer,
+        )
+        target = ContextModel(
+            vocab, seed=int(master.integers(1 << 30)), dtype=dtype_t, integer=integer
+        )
         prompt = [int(t) for t in master.integers(0, vocab, size=int(master.integers(1, 5)))]
         eos = None if master.integers(0, 3) == 0 else int(master.integers(0, vocab))
         max_new = int(master.integers(1, 26))
         controls = random_controls(master, vocab)
         seed = int(master.integers(1 << 62))
         (ids_c, counts_c, state_c), (ids_p, counts_p, state_p) = run_both(
-            draft, target, prompt, max_new, eos, gamma, temperature, controls, seed)
+            draft, target, prompt, max_new, eos, gamma, temperature, controls, seed
+        )
         context = (vocab, gamma, temperature, dtype_d, dtype_t, eos, controls, seed)
         assert ids_c == ids_p, context
         assert counts_c == counts_p, context
         assert state_c == state_p, context
         decided["accepted"] += counts_c[2]
         decided["rejected"] += counts_c[1] - counts_c[2]
-        decided["eos"] += eos is not None and eos in ids_c[len(prompt):]
+        decided["eos"] += eos is not None and eos in ids_c[len(prompt) :]
     # the runs exercised both decisions and EOS
     assert decided["accepted"] > 50 and decided["rejected"] > 50 and decided["eos"] > 5
 
 
 @pytest.mark.parametrize("gamma", range(1, 9))
-@pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float64, np.float64),
-                                    (np.float32, np.float64), (np.float64, np.float32)],
-                         ids=["f32", "f64", "f32-f64", "f64-f32"])
+@pytest.mark.parametrize(
+    "dtypes",
+    [
+        (np.float32, np.float32),
+        (np.float64, np.float64),
+        (np.float32, np.float64),
+        (np.float64, np.float32),
+    ],
+    ids=["f32", "f64", "f32-f64", "f64-f32"],
+)
 def test_decoder_parity_every_gamma_and_dtype(gamma, dtypes):
     for seed in range(6):
         draft, target = table_pair(300, seed, 1.0, *dtypes, rows=32)
         temperature = (0.0, 0.5, 1.0, 1.3, 2.0, 0.05)[seed]
         eos = (None, 7)[seed % 2]
-        results = run_both(draft, target, [seed, 3], 30, eos, gamma, temperature, {},
-                           seed * 1000 + gamma)
+        results = run_both(
+            draft, target, [seed, 3], 30, eos, gamma, temperature, {}, seed * 1000 + gamma
+        )
         assert results[0] == results[1], (seed, temperature)
 
 
-@pytest.mark.parametrize("vocab, dtypes, controls, gamma, temperature", [
-    (1000, (np.float32, np.float32), {}, 4, 1.0),
-    (1000, (np.float64, np.float32), {"top_p": 0.9}, 6, 0.7),
-    (32000, (np.float32, np.float32), {"top_k": 50}, 4, 1.0),
-    (32000, (np.float64, np.float64), {"min_p": 0.05}, 3, 1.2),
-    (32000, (np.float32, np.float64), {}, 5, 0.0),
-    (128256, (np.float32, np.float32), {}, 4, 1.0),
-    (128256, (np.float64, np.float64), {"top_p": 0.8, "top_k": 1000}, 3, 0.9),
-    (128256, (np.float32, np.float32), {"top_p": 0.95, "min_p": 0.001}, 4, 1.0),
-], ids=lambda v: str(v) if not isinstance(v, (dict, tuple)) else None)
+@pytest.mark.parametrize(
+    "vocab, dtypes, controls, gamma, temperature",
+    [
+        (1000, (np.float32, np.float32), {}, 4, 1.0),
+        (1000, (np.float64, np.float32), {"top_p": 0.9}, 6, 0.7),
+        (32000, (np.float32, np.float32), {"top_k": 50}, 4, 1.0),
+        (32000, (np.float64, np.float64), {"min_p": 0.05}, 3, 1.2),
+        (32000, (np.float32, np.float64), {}, 5, 0.0),
+        (128256, (np.float32, np.float32), {}, 4, 1.0),
+        (128256, (np.float64, np.float64), {"top_p": 0.8, "top_k": 1000}, 3, 0.9),
+        (128256, (np.float32, np.float32), {"top_p": 0.95, "min_p": 0.001}, 4, 1.0),
+    ],
+    ids=lambda v: str(v) if not isinstance(v, (dict, tuple)) else None,
+)
 def test_decoder_parity_large_vocabularies(vocab, dtypes, controls, gamma, temperature):
     draft, target = table_pair(vocab, vocab + gamma, 0.8, *dtypes)
     results = run_both(draft, target, [1, 2], 14, None, gamma, temperature, controls, vocab)
@@ -176,8 +202,9 @@ def test_sample_parity():
         out = []
         for backend in ("cython", "python"):
             rng = np.random.default_rng(run)
-            ids, stats = sample(target, [1], 20, eos, temperature=temperature, rng=rng,
-                                backend=backend, **controls)
+            ids, stats = sample(
+                target, [1], 20, eos, temperature=temperature, rng=rng, backend=backend, **controls
+            )
             out.append((ids, counts_of(stats), rng.bit_generator.state))
         assert out[0] == out[1], (vocab, dtype, temperature, controls)
 
@@ -189,24 +216,29 @@ def random_row(rng, vocab, dtype):
     kind = int(rng.integers(0, 6))
     scale = float(rng.choice([0.1, 1.0, 3.0, 10.0]))
     row = scale * rng.standard_normal(vocab)
-    if kind == 1:      # masked tokens
+    if kind == 1:  # masked tokens
         row[rng.random(vocab) < 0.5] = -np.inf
         row[rng.integers(vocab)] = 0.0
-    elif kind == 2:    # integer logits: ties at the top, at top-k and top-p boundaries
+    elif kind == 2:  # integer logits: ties at the top, at top-k and top-p boundaries
         row = np.round(row)
-    elif kind == 3:    # one-hot
+    elif kind == 3:  # one-hot
         row = np.full(vocab, -np.inf)
         row[rng.integers(vocab)] = 1.0
-    elif kind == 4:    # uniform
+    elif kind == 4:  # uniform
         row = np.full(vocab, float(rng.normal()))
-    elif kind == 5:    # huge magnitudes
+    elif kind == 5:  # huge magnitudes
         row = rng.choice([-1e30, 0.0, 1e30], size=vocab)
     return row.astype(dtype)
 
 
 VOCABS = [1, 2, 3, 10, 511, 512, 513, 1025, 3000]
-BIT_GENERATORS = [np.random.PCG64, np.random.PCG64DXSM, np.random.MT19937, np.random.Philox,
-                  np.random.SFC64]
+BIT_GENERATORS = [
+    np.random.PCG64,
+    np.random.PCG64DXSM,
+    np.random.MT19937,
+    np.random.Philox,
+    np.random.SFC64,
+]
 
 
 def twin_generators(seed, bit_generator=np.random.PCG64):
@@ -226,11 +258,17 @@ def test_sample_token_kernel_parity():
         min_p = float(master.choice([0.0, 0.0, 0.05, 0.5]))
         rngs = twin_generators(case, BIT_GENERATORS[case % len(BIT_GENERATORS)])
         out = []
-        for kernels, rng in zip((core, fallback), rngs):
+        for kernels, rng in zip((core, fallback), rngs, strict=False):
             law = np.full(1, np.nan, LAW_DTYPE)
             weights = np.zeros(vocab, dtype=dtype)
-            token = kernels.sample_token(row, SamplingControls(temperature, top_k, top_p, min_p),
-                                         rng, law, weights, kernels.Workspace(vocab))
+            token = kernels.sample_token(
+                row,
+                SamplingControls(temperature, top_k, top_p, min_p),
+                rng,
+                law,
+                weights,
+                kernels.Workspace(vocab),
+            )
             out.append((token, law, weights))
         context = (case, vocab, dtype, temperature, top_k, top_p, min_p)
         (token_c, law_c, w_c), (token_p, law_p, w_p) = out
@@ -240,7 +278,10 @@ def test_sample_token_kernel_parity():
         assert same_state(rngs[0].bit_generator.state, rngs[1].bit_generator.state), context
         if temperature > 0:
             assert np.allclose(law_c["total"], law_p["total"], rtol=1e-12, atol=0), (
-                context, law_c, law_p)
+                context,
+                law_c,
+                law_p,
+            )
             for field in ("shift", "tau", "zmin"):  # exactly
                 assert np.array_equal(law_c[field], law_p[field]), (context, field)
             # weights: bit-identical but for float32 double-rounding ties (see _fallback)
@@ -278,8 +319,9 @@ def test_verify_kernel_parity(block, one_hot):
         work = fallback.Workspace(vocab)
         draw = np.random.default_rng(case + 10**6)
         for i in range(n):
-            tokens[i] = fallback.sample_token(draft_rows[i], controls, draw, laws[i:i + 1],
-                                              weights[i], work)
+            tokens[i] = fallback.sample_token(
+                draft_rows[i], controls, draw, laws[i : i + 1], weights[i], work
+            )
         if master.integers(0, 4) == 0 and n:  # arbitrary tokens (q may be 0)
             tokens = master.integers(0, vocab, size=n).astype(np.int64)
         bonus = bool(master.integers(0, 4))
@@ -289,9 +331,20 @@ def test_verify_kernel_parity(block, one_hot):
         # one compiled workspace per vocabulary, reused across cases (its per-row storage
         # grows); the twin gets a fresh one
         work = shared_work.setdefault(vocab, core.Workspace(vocab))
-        results = [kernels.verify(target_rows, tokens, weights, laws, bonus, controls, rng,
-                                  work if kernels is core else kernels.Workspace(vocab), block)
-                   for kernels, rng in zip((core, fallback), rngs)]
+        results = [
+            kernels.verify(
+                target_rows,
+                tokens,
+                weights,
+                laws,
+                bonus,
+                controls,
+                rng,
+                work if kernels is core else kernels.Workspace(vocab),
+                block,
+            )
+            for kernels, rng in zip((core, fallback), rngs, strict=False)
+        ]
         context = (case, vocab, n, target_dtype, draft_dtype, controls, bonus, noise)
         assert results[0] == results[1], context
         assert same_state(rngs[0].bit_generator.state, rngs[1].bit_generator.state), context
@@ -310,8 +363,11 @@ def test_kernel_parity_large_vocabulary(vocab, dtype):
     n = 3
     target_rows = (3.0 * master.standard_normal((n + 1, vocab))).astype(dtype)
     draft_rows = (target_rows[:n] + 0.8 * master.standard_normal((n, vocab))).astype(dtype)
-    for controls in [SamplingControls(1.0, 0, 1.0, 0.0), SamplingControls(0.7, 40, 0.9, 0.0),
-                     SamplingControls(1.3, 0, 0.95, 0.01)]:
+    for controls in [
+        SamplingControls(1.0, 0, 1.0, 0.0),
+        SamplingControls(0.7, 40, 0.9, 0.0),
+        SamplingControls(1.3, 0, 0.95, 0.01),
+    ]:
         laws = {k: np.zeros(n, LAW_DTYPE) for k in ("c", "p")}
         weights = {k: np.zeros((n, vocab), dtype=dtype) for k in ("c", "p")}
         for seed in range(3):
@@ -319,15 +375,35 @@ def test_kernel_parity_large_vocabulary(vocab, dtype):
             tokens = {}
             for key, kernels, rng in (("c", core, rngs[0]), ("p", fallback, rngs[1])):
                 work = kernels.Workspace(vocab)
-                tokens[key] = np.array([kernels.sample_token(draft_rows[i], controls, rng,
-                                                             laws[key][i:i + 1],
-                                                             weights[key][i], work)
-                                        for i in range(n)], dtype=np.int64)
+                tokens[key] = np.array(
+                    [
+                        kernels.sample_token(
+                            draft_rows[i],
+                            controls,
+                            rng,
+                            laws[key][i : i + 1],
+                            weights[key][i],
+                            work,
+                        )
+                        for i in range(n)
+                    ],
+                    dtype=np.int64,
+                )
             assert np.array_equal(tokens["c"], tokens["p"])
             assert np.allclose(laws["c"]["total"], laws["p"]["total"], rtol=1e-12, atol=0)
             assert np.allclose(weights["c"], weights["p"], rtol=2 * np.finfo(dtype).eps, atol=0)
-            verdicts = [kernels.verify(target_rows, tokens["p"], weights["p"], laws["p"], True,
-                                       controls, rng, kernels.Workspace(vocab))
-                        for kernels, rng in zip((core, fallback), rngs)]
+            verdicts = [
+                kernels.verify(
+                    target_rows,
+                    tokens["p"],
+                    weights["p"],
+                    laws["p"],
+                    True,
+                    controls,
+                    rng,
+                    kernels.Workspace(vocab),
+                )
+                for kernels, rng in zip((core, fallback), rngs, strict=False)
+            ]
             assert verdicts[0] == verdicts[1]
             assert same_state(rngs[0].bit_generator.state, rngs[1].bit_generator.state)

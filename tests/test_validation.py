@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from toymodels import ContextModel
 
 from specdec import SpeculativeDecoder, sample
-from toymodels import ContextModel
 
 
 class Model:
@@ -52,30 +52,58 @@ def no_calls(*ms):
 # --- constructor arguments ----------------------------------------------------------------
 
 BAD_INIT = [
-    ({"gamma": 0}, ValueError), ({"gamma": -3}, ValueError),
-    ({"gamma": 2.0}, TypeError), ({"gamma": True}, TypeError), ({"gamma": "4"}, TypeError),
-    ({"gamma": None}, TypeError), ({"gamma": np.float64(2)}, TypeError),
-    ({"gamma": 1e8}, TypeError), ({"gamma": 10**8}, ValueError), ({"gamma": 2**62}, ValueError),
-    ({"gamma": 2**63}, ValueError), ({"gamma": 2**64 + 1}, ValueError),
-    ({"temperature": -0.5}, ValueError), ({"temperature": float("nan")}, ValueError),
-    ({"temperature": float("inf")}, ValueError), ({"temperature": -float("inf")}, ValueError),
-    ({"temperature": np.float32("nan")}, ValueError), ({"temperature": 1e-320}, ValueError),
-    ({"temperature": "1"}, TypeError), ({"temperature": None}, TypeError),
-    ({"temperature": 1j}, TypeError), ({"temperature": True}, TypeError),
-    ({"top_k": 0}, ValueError), ({"top_k": -2}, ValueError), ({"top_k": 2.5}, TypeError),
-    ({"top_k": 2.0}, TypeError), ({"top_k": True}, TypeError), ({"top_k": "3"}, TypeError),
-    ({"top_p": 0.0}, ValueError), ({"top_p": -0.1}, ValueError), ({"top_p": 1.01}, ValueError),
-    ({"top_p": float("nan")}, ValueError), ({"top_p": float("inf")}, ValueError),
-    ({"top_p": "0.5"}, TypeError), ({"top_p": True}, TypeError),
-    ({"min_p": -0.1}, ValueError), ({"min_p": 1.0}, ValueError), ({"min_p": 1.5}, ValueError),
-    ({"min_p": float("nan")}, ValueError), ({"min_p": "0.1"}, TypeError),
-    ({"seed": -1}, ValueError), ({"seed": 1.5}, TypeError), ({"seed": "s"}, TypeError),
+    ({"gamma": 0}, ValueError),
+    ({"gamma": -3}, ValueError),
+    ({"gamma": 2.0}, TypeError),
+    ({"gamma": True}, TypeError),
+    ({"gamma": "4"}, TypeError),
+    ({"gamma": None}, TypeError),
+    ({"gamma": np.float64(2)}, TypeError),
+    ({"gamma": 1e8}, TypeError),
+    ({"gamma": 10**8}, ValueError),
+    ({"gamma": 2**62}, ValueError),
+    ({"gamma": 2**63}, ValueError),
+    ({"gamma": 2**64 + 1}, ValueError),
+    ({"temperature": -0.5}, ValueError),
+    ({"temperature": float("nan")}, ValueError),
+    ({"temperature": float("inf")}, ValueError),
+    ({"temperature": -float("inf")}, ValueError),
+    ({"temperature": np.float32("nan")}, ValueError),
+    ({"temperature": 1e-320}, ValueError),
+    ({"temperature": "1"}, TypeError),
+    ({"temperature": None}, TypeError),
+    ({"temperature": 1j}, TypeError),
+    ({"temperature": True}, TypeError),
+    ({"top_k": 0}, ValueError),
+    ({"top_k": -2}, ValueError),
+    ({"top_k": 2.5}, TypeError),
+    ({"top_k": 2.0}, TypeError),
+    ({"top_k": True}, TypeError),
+    ({"top_k": "3"}, TypeError),
+    ({"top_p": 0.0}, ValueError),
+    ({"top_p": -0.1}, ValueError),
+    ({"top_p": 1.01}, ValueError),
+    ({"top_p": float("nan")}, ValueError),
+    ({"top_p": float("inf")}, ValueError),
+    ({"top_p": "0.5"}, TypeError),
+    ({"top_p": True}, TypeError),
+    ({"min_p": -0.1}, ValueError),
+    ({"min_p": 1.0}, ValueError),
+    ({"min_p": 1.5}, ValueError),
+    ({"min_p": float("nan")}, ValueError),
+    ({"min_p": "0.1"}, TypeError),
+    ({"seed": -1}, ValueError),
+    ({"seed": 1.5}, TypeError),
+    ({"seed": "s"}, TypeError),
     ({"seed": np.random.RandomState(0)}, TypeError),
 ]
 
 
-@pytest.mark.parametrize("kwargs, error", BAD_INIT,
-                         ids=[f"{next(iter(k))}={next(iter(k.values()))!r}" for k, _ in BAD_INIT])
+@pytest.mark.parametrize(
+    "kwargs, error",
+    BAD_INIT,
+    ids=[f"{next(iter(k))}={next(iter(k.values()))!r}" for k, _ in BAD_INIT],
+)
 def test_bad_decoder_argument(backend, kwargs, error):
     (name,) = kwargs
     with pytest.raises(error, match=name):
@@ -92,11 +120,18 @@ def test_bad_backend_name(name):
 
 def test_good_numpy_scalars_are_accepted(backend):
     draft, target = models()
-    decoder = SpeculativeDecoder(np.int64(2), np.float32(0.5), top_k=np.int32(4),
-                                 top_p=np.float64(0.9), min_p=np.float32(0.01),
-                                 seed=np.uint8(3), backend=backend)
-    ids, stats = decoder.generate(draft, target, np.array([1, 2], dtype=np.int32),
-                                  np.int64(4), np.int64(0), rng=np.int16(5))
+    decoder = SpeculativeDecoder(
+        np.int64(2),
+        np.float32(0.5),
+        top_k=np.int32(4),
+        top_p=np.float64(0.9),
+        min_p=np.float32(0.01),
+        seed=np.uint8(3),
+        backend=backend,
+    )
+    ids, stats = decoder.generate(
+        draft, target, np.array([1, 2], dtype=np.int32), np.int64(4), np.int64(0), rng=np.int16(5)
+    )
     assert len(ids) >= 3 and stats.total_tokens_generated == len(ids) - 2
     # constructor values given as the reference's defaults still work positionally
     assert SpeculativeDecoder(4, 1.0, backend=backend).gamma == 4
@@ -128,7 +163,7 @@ BAD_GENERATE = [
     ({"prompt_ids": [1, None]}, TypeError, "prompt_ids"),
     ({"prompt_ids": [True, False]}, TypeError, "prompt_ids"),
     ({"prompt_ids": [1, [2]]}, TypeError, "prompt_ids"),
-    ({"prompt_ids": [5]}, ValueError, "prompt_ids"),           # V = 5: ids in [0, 5)
+    ({"prompt_ids": [5]}, ValueError, "prompt_ids"),  # V = 5: ids in [0, 5)
     ({"prompt_ids": [1, 2**40]}, ValueError, "prompt_ids"),
     ({"eos_token_id": -1}, ValueError, "eos_token_id"),
     ({"eos_token_id": 1.5}, TypeError, "eos_token_id"),
@@ -146,9 +181,11 @@ BAD_GENERATE = [
 ]
 
 
-@pytest.mark.parametrize("kwargs, error, match", BAD_GENERATE,
-                         ids=[f"{k}={v!r}"[:40] for kw, _, _ in BAD_GENERATE
-                              for k, v in kw.items()])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    BAD_GENERATE,
+    ids=[f"{k}={v!r}"[:40] for kw, _, _ in BAD_GENERATE for k, v in kw.items()],
+)
 def test_bad_generate_argument_before_any_call(backend, kwargs, error, match):
     draft, target = models()
     arguments = {"prompt_ids": [1, 2], "max_new_tokens": 5, "eos_token_id": None}
@@ -159,21 +196,25 @@ def test_bad_generate_argument_before_any_call(backend, kwargs, error, match):
     assert no_calls(draft, target)
 
 
-@pytest.mark.parametrize("kwargs, error, match",
-                         [case for case in BAD_GENERATE if "rng" not in case[0]]
-                         + [({"temperature": -1.0}, ValueError, "temperature"),
-                            ({"temperature": float("nan")}, ValueError, "temperature"),
-                            ({"temperature": "hot"}, TypeError, "temperature"),
-                            ({"top_k": 0}, ValueError, "top_k"),
-                            ({"top_k": 1.5}, TypeError, "top_k"),
-                            ({"top_p": 0.0}, ValueError, "top_p"),
-                            ({"top_p": 2.0}, ValueError, "top_p"),
-                            ({"min_p": 1.0}, ValueError, "min_p"),
-                            ({"min_p": -0.5}, ValueError, "min_p"),
-                            ({"seed": -2}, ValueError, "seed"),
-                            ({"seed": "x"}, TypeError, "seed"),
-                            ({"rng": "x"}, TypeError, "rng"),
-                            ({"rng": np.random.RandomState(1)}, TypeError, "rng")])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [case for case in BAD_GENERATE if "rng" not in case[0]]
+    + [
+        ({"temperature": -1.0}, ValueError, "temperature"),
+        ({"temperature": float("nan")}, ValueError, "temperature"),
+        ({"temperature": "hot"}, TypeError, "temperature"),
+        ({"top_k": 0}, ValueError, "top_k"),
+        ({"top_k": 1.5}, TypeError, "top_k"),
+        ({"top_p": 0.0}, ValueError, "top_p"),
+        ({"top_p": 2.0}, ValueError, "top_p"),
+        ({"min_p": 1.0}, ValueError, "min_p"),
+        ({"min_p": -0.5}, ValueError, "min_p"),
+        ({"seed": -2}, ValueError, "seed"),
+        ({"seed": "x"}, TypeError, "seed"),
+        ({"rng": "x"}, TypeError, "rng"),
+        ({"rng": np.random.RandomState(1)}, TypeError, "rng"),
+    ],
+)
 def test_bad_sample_argument_before_any_call(backend, kwargs, error, match):
     target = Model()
     arguments = {"prompt_ids": [1, 2], "max_new_tokens": 5, "eos_token_id": None}
@@ -189,8 +230,9 @@ def test_model_that_is_neither_forward_nor_callable(backend, bad, which):
     good = Model()
     pair = {"draft_model": good, "target_model": good, which: bad}
     with pytest.raises(TypeError, match=which):
-        SpeculativeDecoder(2, backend=backend).generate(pair["draft_model"],
-                                                        pair["target_model"], [1], 3, rng=0)
+        SpeculativeDecoder(2, backend=backend).generate(
+            pair["draft_model"], pair["target_model"], [1], 3, rng=0
+        )
     assert good.calls == 0
     if which == "target_model":
         with pytest.raises(TypeError, match="target_model"):
@@ -200,30 +242,42 @@ def test_model_that_is_neither_forward_nor_callable(backend, bad, which):
 def test_prompt_of_shape_1_by_l_is_a_batch_of_one(backend):
     """Tokenizers return (1, L): accepted, with the same result as (L,)."""
     flat = SpeculativeDecoder(2, backend=backend).generate(*models(), [1, 2, 3], 6, rng=4)
-    batch = SpeculativeDecoder(2, backend=backend).generate(*models(), np.array([[1, 2, 3]]), 6,
-                                                            rng=4)
+    batch = SpeculativeDecoder(2, backend=backend).generate(
+        *models(), np.array([[1, 2, 3]]), 6, rng=4
+    )
     assert batch[0] == flat[0] and batch[0][:3] == [1, 2, 3]
 
 
 def _raw_model(module: str, name: str):
     """An instance of a class that claims to live in ``module`` (a stand-in for a
     transformers or llama_cpp class, which these tests need not import)."""
-    cls = type(name, (), {"__module__": module, "forward": lambda self, ids: None,
-                          "__call__": lambda self, ids: None})
+    cls = type(
+        name,
+        (),
+        {
+            "__module__": module,
+            "forward": lambda self, ids: None,
+            "__call__": lambda self, ids: None,
+        },
+    )
     return cls()
 
 
-@pytest.mark.parametrize("module, name, adapter", [
-    ("transformers.models.gpt2.modeling_gpt2", "GPT2LMHeadModel", "TransformersModel"),
-    ("llama_cpp.llama", "Llama", "LlamaCppModel"),
-])
+@pytest.mark.parametrize(
+    "module, name, adapter",
+    [
+        ("transformers.models.gpt2.modeling_gpt2", "GPT2LMHeadModel", "TransformersModel"),
+        ("llama_cpp.llama", "Llama", "LlamaCppModel"),
+    ],
+)
 @pytest.mark.parametrize("which", ["draft_model", "target_model"])
 def test_raw_real_model_names_its_adapter(backend, module, name, adapter, which):
     good = Model()
     pair = {"draft_model": good, "target_model": good, which: _raw_model(module, name)}
     with pytest.raises(TypeError, match=f"{which}.*specdec.models.{adapter}"):
-        SpeculativeDecoder(2, backend=backend).generate(pair["draft_model"],
-                                                        pair["target_model"], [1], 3, rng=0)
+        SpeculativeDecoder(2, backend=backend).generate(
+            pair["draft_model"], pair["target_model"], [1], 3, rng=0
+        )
     assert good.calls == 0
 
 
@@ -232,8 +286,9 @@ def test_model_class_instead_of_instance(backend, which):
     good = Model()
     pair = {"draft_model": good, "target_model": good, which: Model}
     with pytest.raises(TypeError, match=f"{which} is the class Model.*instance"):
-        SpeculativeDecoder(2, backend=backend).generate(pair["draft_model"],
-                                                        pair["target_model"], [1], 3, rng=0)
+        SpeculativeDecoder(2, backend=backend).generate(
+            pair["draft_model"], pair["target_model"], [1], 3, rng=0
+        )
     with pytest.raises(TypeError, match="target_model is the class"):
         sample(Model, [1], 3, backend=backend)
 
@@ -327,11 +382,13 @@ def test_bad_logits_named_on_the_first_call(backend, which, kind):
 
 def put(position, value, vocab_ids=(0,)):
     """An edit that writes ``value`` into the row of sequence ``position``."""
+
     def edit(out, ids):
         out = np.array(out)
         if len(ids) > position:
             out[0, position, list(vocab_ids)] = value
         return out
+
     return edit
 
 
@@ -341,6 +398,7 @@ def mask_row(position):
         if len(ids) > position:
             out[0, position, :] = -np.inf
         return out
+
     return edit
 
 
@@ -349,15 +407,17 @@ def mask_row(position):
 @pytest.mark.parametrize("which", ["draft", "target"])
 @pytest.mark.parametrize("value", [np.nan, np.inf])
 @pytest.mark.parametrize("position", [2, 4])
-def test_nonfinite_logits_name_the_model_and_position(backend, dtype, temperature, which,
-                                                      value, position):
+def test_nonfinite_logits_name_the_model_and_position(
+    backend, dtype, temperature, which, value, position
+):
     # identical draft and target: every draft before the bad row is kept, so the
     # target's verification reaches the bad row in its first pass
     draft, target = Model(seed=3, dtype=dtype), Model(seed=3, dtype=dtype)
     (draft if which == "draft" else target).edit = put(position, value, vocab_ids=(1, 3))
     with pytest.raises(ValueError, match=rf"{which}_model.*NaN or \+inf.*position {position}\b"):
-        SpeculativeDecoder(4, temperature, backend=backend).generate(draft, target, [0, 1, 2],
-                                                                     8, rng=0)
+        SpeculativeDecoder(4, temperature, backend=backend).generate(
+            draft, target, [0, 1, 2], 8, rng=0
+        )
     if which == "target":
         assert target.calls == 1
         target.calls = 0
@@ -372,8 +432,9 @@ def test_a_row_of_only_minus_inf_is_an_error(backend, temperature, which):
     draft, target = Model(seed=3), Model(seed=3)
     (draft if which == "draft" else target).edit = mask_row(3)
     with pytest.raises(ValueError, match=rf"{which}_model.*all -inf.*position 3\b"):
-        SpeculativeDecoder(4, temperature, backend=backend).generate(draft, target, [0, 1, 2],
-                                                                     8, rng=0)
+        SpeculativeDecoder(4, temperature, backend=backend).generate(
+            draft, target, [0, 1, 2], 8, rng=0
+        )
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -384,7 +445,8 @@ def test_minus_inf_is_a_mask(backend, dtype, temperature):
     seen = set()
     for seed in range(20):
         ids, _ = SpeculativeDecoder(3, temperature, top_k=3, backend=backend).generate(
-            draft, target, [2, 3], 12, rng=seed)
+            draft, target, [2, 3], 12, rng=seed
+        )
         seen.update(ids[2:])
     assert 1 not in seen and 4 not in seen
     assert 0 in seen or temperature == 0.0  # draft-masked tokens come from the residual
@@ -397,7 +459,8 @@ def test_uint64_prompt_beyond_int64(backend):
     draft, target = models()
     with pytest.raises(ValueError, match="prompt_ids"):
         SpeculativeDecoder(2, backend=backend).generate(
-            draft, target, np.array([2**64 - 1], dtype=np.uint64), 3, rng=0)
+            draft, target, np.array([2**64 - 1], dtype=np.uint64), 3, rng=0
+        )
     assert no_calls(draft, target)
 
 
@@ -423,7 +486,8 @@ def test_float32_logits_with_a_tiny_temperature(backend, entry):
             ids = sample(target, [1], 5, temperature=1e-39, seed=0, backend=backend)[0]
         else:
             ids = SpeculativeDecoder(2, 1e-39, backend=backend).generate(
-                ContextModel(5, seed=3, dtype=np.float32), target, [1], 5, rng=0)[0]
+                ContextModel(5, seed=3, dtype=np.float32), target, [1], 5, rng=0
+            )[0]
     except ValueError as error:  # refusing the temperature up front is fine too
         assert "temperature" in str(error)
     else:

@@ -41,8 +41,16 @@ class ContextModel:
         top-k boundary, inside a top-p set).
     """
 
-    def __init__(self, vocab_size=5, seed=0, scale=1.5, dtype=np.float64, period=3, masked=None,
-                 integer=False):
+    def __init__(
+        self,
+        vocab_size=5,
+        seed=0,
+        scale=1.5,
+        dtype=np.float64,
+        period=3,
+        masked=None,
+        integer=False,
+    ):
         rng = np.random.default_rng(seed)
         # previous token index V stands for "no previous token"
         table = scale * rng.standard_normal((vocab_size + 1, vocab_size, period, vocab_size))
@@ -65,7 +73,9 @@ class ContextModel:
     def next_logits(self, sequence):
         """Logits for the token after ``sequence`` (a list of ids)."""
         previous = sequence[-2] if len(sequence) > 1 else self.vocab_size
-        return self.table[previous, sequence[-1], (len(sequence) - 1) % self.period].astype(np.float64)
+        return self.table[previous, sequence[-1], (len(sequence) - 1) % self.period].astype(
+            np.float64
+        )
 
 
 class SparseVocabModel:
@@ -102,8 +112,9 @@ class SparseVocabModel:
 
     def forward(self, ids):
         self.calls += 1
-        small = self.inner.forward(self._inner_ids(ids)[np.newaxis] if np.ndim(ids) == 1
-                                   else self._inner_ids(ids))
+        small = self.inner.forward(
+            self._inner_ids(ids)[np.newaxis] if np.ndim(ids) == 1 else self._inner_ids(ids)
+        )
         out = np.full(small.shape[:2] + (self.vocab_size,), -np.inf, dtype=small.dtype)
         out[..., self.live] = small
         return out
@@ -154,7 +165,9 @@ def enumerate_joint_law(model, prompt, n_tokens, eos_token_id=None, **controls):
     law = {}
 
     def extend(sequence, prefix, prob):
-        if len(prefix) == n_tokens or (prefix and eos_token_id is not None and prefix[-1] == eos_token_id):
+        if len(prefix) == n_tokens or (
+            prefix and eos_token_id is not None and prefix[-1] == eos_token_id
+        ):
             law[tuple(prefix)] = law.get(tuple(prefix), 0.0) + prob
             return
         probs = warped_probs(model.next_logits(sequence), **controls)
@@ -173,6 +186,7 @@ def reachable_rows(model, prompt, n_tokens, eos_token_id=None, **controls):
     ``n_tokens``; used to check that a configuration exercises a rule (ties at the
     top-k boundary, a masked token the draft proposes...).
     """
+
     def walk(sequence, depth):
         ended = depth and eos_token_id is not None and sequence[-1] == eos_token_id
         if depth == n_tokens or ended:
@@ -194,9 +208,9 @@ class ChiSquareResult:
     dof: int
     pvalue: float
     n_runs: int
-    n_cells: int          # cells after pooling
-    n_pooled: int         # support cells that went into the pooled cell
-    impossible: int       # runs whose outcome has probability 0 under the law
+    n_cells: int  # cells after pooling
+    n_pooled: int  # support cells that went into the pooled cell
+    impossible: int  # runs whose outcome has probability 0 under the law
 
 
 def pooled_chisquare(outcomes, law, min_expected=5.0):
@@ -228,8 +242,10 @@ def pooled_chisquare(outcomes, law, min_expected=5.0):
         raise ValueError(f"the law sums to {total}, not 1")
     support = {cell: p for cell, p in law.items() if p > 0.0}
     impossible = sum(c for cell, c in counts.items() if cell not in support)
-    big = sorted((cell for cell, p in support.items() if n * p >= min_expected),
-                 key=lambda cell: support[cell])
+    big = sorted(
+        (cell for cell, p in support.items() if n * p >= min_expected),
+        key=lambda cell: support[cell],
+    )
     small = [cell for cell, p in support.items() if n * p < min_expected]
     pooled_expected = n * sum(support[cell] for cell in small)
     pooled_observed = sum(counts.get(cell, 0) for cell in small) + impossible
@@ -250,17 +266,25 @@ def pooled_chisquare(outcomes, law, min_expected=5.0):
     if len(observed) < 2:
         return ChiSquareResult(0.0, 0, 1.0, n, len(observed), n_pooled, impossible)
     if np.any(expected == 0):  # only impossible outcomes left to pool: certain rejection
-        return ChiSquareResult(np.inf, len(observed) - 1, 0.0, n, len(observed), n_pooled,
-                               impossible)
+        return ChiSquareResult(
+            np.inf, len(observed) - 1, 0.0, n, len(observed), n_pooled, impossible
+        )
     statistic = float(np.sum((observed - expected) ** 2 / expected))
     dof = len(observed) - 1
-    return ChiSquareResult(statistic, dof, float(_stats.chi2.sf(statistic, dof)), n,
-                           len(observed), n_pooled, impossible)
+    return ChiSquareResult(
+        statistic,
+        dof,
+        float(_stats.chi2.sf(statistic, dof)),
+        n,
+        len(observed),
+        n_pooled,
+        impossible,
+    )
 
 
 def new_tokens(ids, prompt, n_tokens):
     """The first ``n_tokens`` new tokens of a generated ``ids`` list, as a tuple."""
-    return tuple(int(t) for t in ids[len(prompt):len(prompt) + n_tokens])
+    return tuple(int(t) for t in ids[len(prompt) : len(prompt) + n_tokens])
 
 
 def same_state(a, b):

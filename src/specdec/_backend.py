@@ -42,8 +42,11 @@ KERNEL_FUNCTIONS = ("sample_token", "row_laws", "verify")
 
 
 def _share_docstrings(core: ModuleType) -> None:
-    """Give the compiled kernels their twin's docstrings, written once in _fallback.py
-    (the twin is always installed; the core may not be)."""
+    """Give the compiled kernels their twin's docstrings.
+
+    They are written once, in _fallback.py: the twin is always installed, the core may
+    not be.
+    """
     for name in KERNEL_FUNCTIONS:
         getattr(core, name).__doc__ = getattr(_fallback, name).__doc__
 

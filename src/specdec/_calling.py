@@ -78,8 +78,7 @@ class ModelCaller:
             fn = model
         else:
             raise TypeError(
-                f"{name} must have a forward(ids) method or be callable, "
-                f"got {type(model).__name__}"
+                f"{name} must have a forward(ids) method or be callable, got {type(model).__name__}"
             )
         self.name = name
         self._fn = fn
@@ -133,7 +132,7 @@ class ModelCaller:
                 f"{self.name} returned {vocab_size} logits per row, "
                 f"but its vocabulary has {self.vocab_size} tokens"
             )
-        rows = logits[0, expected - n_rows:]
+        rows = logits[0, expected - n_rows :]
         if not rows.flags.c_contiguous:
             rows = np.ascontiguousarray(rows)
         return rows

@@ -94,14 +94,16 @@ def check_row_laws_args(rows, laws_out, weights_out, vocab_size: int) -> None:
     check_laws(laws_out, "laws_out", len(rows))
     check_rows(weights_out, "weights_out", vocab_size)
     if weights_out.dtype != rows.dtype:
-        raise TypeError(f"weights_out must have the dtype of rows ({rows.dtype}), "
-                        f"got {weights_out.dtype}")
+        raise TypeError(
+            f"weights_out must have the dtype of rows ({rows.dtype}), got {weights_out.dtype}"
+        )
     if len(weights_out) < len(rows):
         raise ValueError(f"weights_out holds {len(weights_out)} rows, {len(rows)} needed")
 
 
-def check_verify_args(target_rows, draft_tokens, draft_weights, draft_laws, block,
-                      vocab_size: int) -> None:
+def check_verify_args(
+    target_rows, draft_tokens, draft_weights, draft_laws, block, vocab_size: int
+) -> None:
     """Arguments of ``verify``, checked before any work; the messages name the argument.
 
     Raises
@@ -118,16 +120,22 @@ def check_verify_args(target_rows, draft_tokens, draft_weights, draft_laws, bloc
         raise TypeError(f"verify: draft_tokens must hold integer ids, got {draft_tokens.dtype}")
     n = len(draft_tokens)
     if len(target_rows) != n + 1:
-        raise ValueError(f"verify: target_rows must hold n + 1 = {n + 1} rows (one per "
-                         f"draft token and one for the bonus), got {len(target_rows)}")
+        raise ValueError(
+            f"verify: target_rows must hold n + 1 = {n + 1} rows (one per "
+            f"draft token and one for the bonus), got {len(target_rows)}"
+        )
     if (draft_weights is None) != (draft_laws is None):
-        raise ValueError("verify: draft_weights and draft_laws must both be given (drafts "
-                         "sampled from a model) or both be None (one-hot drafts)")
+        raise ValueError(
+            "verify: draft_weights and draft_laws must both be given (drafts "
+            "sampled from a model) or both be None (one-hot drafts)"
+        )
     if draft_weights is not None:
         check_rows(draft_weights, "verify: draft_weights", vocab_size)
         if len(draft_weights) < n:
-            raise ValueError(f"verify: draft_weights holds {len(draft_weights)} rows, "
-                             f"{n} draft tokens need as many")
+            raise ValueError(
+                f"verify: draft_weights holds {len(draft_weights)} rows, "
+                f"{n} draft tokens need as many"
+            )
         check_laws(draft_laws, "verify: draft_laws", n)
     if n:
         low, high = int(draft_tokens.min()), int(draft_tokens.max())
@@ -135,5 +143,7 @@ def check_verify_args(target_rows, draft_tokens, draft_weights, draft_laws, bloc
         if low < 0 or high >= vocab_size:
             raise ValueError(f"verify: draft token {bad} is outside [0, {vocab_size})")
     if not isinstance(block, (bool, np.bool_)):
-        raise TypeError(f"verify: block must be a bool (True: block verification, False: "
-                        f"token by token), got {type(block).__name__}")
+        raise TypeError(
+            f"verify: block must be a bool (True: block verification, False: "
+            f"token by token), got {type(block).__name__}"
+        )

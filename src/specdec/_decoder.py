@@ -77,8 +77,11 @@ class _Run:
 
 def _check_declared_vocab(prompt, eos, *callers: ModelCaller) -> None:
     """Check ids against the vocabulary the models declare, before any call."""
-    declared = [caller.vocab_size for caller in callers
-                if caller is not None and caller.vocab_size is not None]
+    declared = [
+        caller.vocab_size
+        for caller in callers
+        if caller is not None and caller.vocab_size is not None
+    ]
     if len(declared) == 2:
         _check_same_vocab(*declared)
     if declared:
@@ -96,8 +99,10 @@ def _check_same_vocab(draft_size: int, target_size: int) -> None:
 def _check_proposal_range(drafted: np.ndarray, vocab_size: int | None, name: str) -> None:
     """A drafter's ids must lie in the target's vocabulary (once it is known)."""
     if vocab_size is not None and drafted.max() >= vocab_size:
-        raise ValueError(f"drafter {name} proposed token id {drafted.max()}, outside the "
-                         f"target's vocabulary [0, {vocab_size})")
+        raise ValueError(
+            f"drafter {name} proposed token id {drafted.max()}, outside the "
+            f"target's vocabulary [0, {vocab_size})"
+        )
 
 
 def _check_choice(value, name: str, choices) -> str:
@@ -158,12 +163,26 @@ class SpeculativeDecoder:
     >>> ids, stats = decoder.generate(draft, target, [1, 2, 3], max_new_tokens=32)  # doctest: +SKIP
     """
 
-    def __init__(self, gamma: int = 4, temperature: float = 1.0, *, seed=None, top_k=None,
-                 top_p=None, min_p=None, verification: str = "block", draft_length="auto",
-                 backend=None):
+    def __init__(
+        self,
+        gamma: int = 4,
+        temperature: float = 1.0,
+        *,
+        seed=None,
+        top_k=None,
+        top_p=None,
+        min_p=None,
+        verification: str = "block",
+        draft_length="auto",
+        backend=None,
+    ):
         SamplingControls.from_user(temperature, top_k, top_p, min_p)
-        self._controls_values = {"temperature": temperature, "top_k": top_k,
-                                 "top_p": top_p, "min_p": min_p}
+        self._controls_values = {
+            "temperature": temperature,
+            "top_k": top_k,
+            "top_p": top_p,
+            "min_p": min_p,
+        }
         self.gamma = gamma
         self.verification = verification
         self.draft_length = draft_length
@@ -202,7 +221,7 @@ class SpeculativeDecoder:
             _check_choice(value, "draft_length", DRAFT_LENGTHS)
         self._draft_length = value
 
-    def _control(name: str, doc: str):  # noqa: N805 - a property factory, used below
+    def _control(name: str, doc: str):
         def get(self):
             return self._controls_values[name]
 
@@ -225,9 +244,11 @@ class SpeculativeDecoder:
             for name, value in (("top_k", self.top_k), ("top_p", self.top_p), ("min_p", self.min_p))
             if value is not None
         )
-        return (f"SpeculativeDecoder(gamma={self.gamma}, temperature={self.temperature!r}"
-                f"{controls}, verification={self.verification!r}, "
-                f"draft_length={self.draft_length!r}, backend={self.backend!r})")
+        return (
+            f"SpeculativeDecoder(gamma={self.gamma}, temperature={self.temperature!r}"
+            f"{controls}, verification={self.verification!r}, "
+            f"draft_length={self.draft_length!r}, backend={self.backend!r})"
+        )
 
     def _policy(self, sources: DraftSources) -> DraftLengthPolicy:
         choice = self.draft_length
@@ -239,8 +260,16 @@ class SpeculativeDecoder:
 
     # --- the loop -----------------------------------------------------------------------
 
-    def generate(self, draft_model, target_model, prompt_ids, max_new_tokens: int = 50,
-                 eos_token_id=None, *, rng=None):
+    def generate(
+        self,
+        draft_model,
+        target_model,
+        prompt_ids,
+        max_new_tokens: int = 50,
+        eos_token_id=None,
+        *,
+        rng=None,
+    ):
         """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``.
 
         Parameters
@@ -286,8 +315,9 @@ class SpeculativeDecoder:
         kernels = self._kernels
 
         run = _Run(prompt, max_new_tokens)
-        stats = SpeculativeDecodingStats(accepted_length_histogram=[0] * (gamma + 1),
-                                         draft_length_histogram=[0] * (gamma + 1))
+        stats = SpeculativeDecodingStats(
+            accepted_length_histogram=[0] * (gamma + 1), draft_length_histogram=[0] * (gamma + 1)
+        )
         rows_q = DraftRows()
         work = None
         sources.start(run.sequence())
@@ -300,8 +330,18 @@ class SpeculativeDecoder:
             weights = laws = None
             if proposal is None:  # the draft model's turn: sample it
                 n_draft, work = self._draft_from_model(
-                    draft, run, start, policy.length(key, budget), policy.p_min, rows_q,
-                    controls, generator, work, prompt, eos)
+                    draft,
+                    run,
+                    start,
+                    policy.length(key, budget),
+                    policy.p_min,
+                    rows_q,
+                    controls,
+                    generator,
+                    work,
+                    prompt,
+                    eos,
+                )
                 if n_draft:
                     weights, laws = rows_q.weights, rows_q.laws
             else:
@@ -309,13 +349,14 @@ class SpeculativeDecoder:
                 if eos is not None and n_draft:
                     hits = np.flatnonzero(proposal[:n_draft] == eos)
                     n_draft = int(hits[0]) + 1 if len(hits) else n_draft
-                run.tokens[start:start + n_draft] = proposal[:n_draft]
+                run.tokens[start : start + n_draft] = proposal[:n_draft]
 
             if n_draft and proposal is not None:
-                _check_proposal_range(run.tokens[start:start + n_draft], target.vocab_size,
-                                      sources.names[source])
+                _check_proposal_range(
+                    run.tokens[start : start + n_draft], target.vocab_size, sources.names[source]
+                )
             seconds = target.elapsed
-            rows = target.last_rows(run.ids[:, :start + n_draft], n_draft + 1)
+            rows = target.last_rows(run.ids[:, : start + n_draft], n_draft + 1)
             seconds = target.elapsed - seconds
             if target.calls == 1:
                 if draft is not None and draft.vocab_size is not None:
@@ -323,15 +364,24 @@ class SpeculativeDecoder:
                 check_token_range(prompt, eos, target.vocab_size)
             if work is None:
                 work = kernels.Workspace(target.vocab_size)
-            drafted = run.tokens[start:start + n_draft]
+            drafted = run.tokens[start : start + n_draft]
             if target.calls == 1 and n_draft and proposal is not None:
                 _check_proposal_range(drafted, target.vocab_size, sources.names[source])
             bonus = (n_draft == 0 or drafted[-1] != eos) and start + n_draft < run.limit
             try:
                 # One-hot drafts keep exactly as many tokens in expectation under both
                 # schemes (tests/test_block.py), and token verification costs less.
-                n_kept, token = kernels.verify(rows, drafted, weights, laws, bonus, controls,
-                                               generator, work, block and weights is not None)
+                n_kept, token = kernels.verify(
+                    rows,
+                    drafted,
+                    weights,
+                    laws,
+                    bonus,
+                    controls,
+                    generator,
+                    work,
+                    block and weights is not None,
+                )
             except InvalidLogitsError as error:
                 raise target.invalid_logits(error, start - 1) from None
             new = n_kept
@@ -343,7 +393,7 @@ class SpeculativeDecoder:
             stats.record_step(name, n_draft, n_kept, new)
 
             shadow = None
-            if (proposal is not None and len(proposal) > n_draft == n_kept and token >= 0):
+            if proposal is not None and len(proposal) > n_draft == n_kept and token >= 0:
                 shadow = bool(token == proposal[n_draft])
             if source >= 0:
                 policy.observe(key, n_draft, n_kept, seconds, shadow)
@@ -357,8 +407,9 @@ class SpeculativeDecoder:
         stats.target_time = target.elapsed
         return run.result(stats, draft, target)
 
-    def _draft_from_model(self, draft, run, start, n_max, p_min, rows_q, controls,
-                          generator, work, prompt, eos):
+    def _draft_from_model(
+        self, draft, run, start, n_max, p_min, rows_q, controls, generator, work, prompt, eos
+    ):
         """Sample up to ``n_max`` draft tokens from the draft model into the run's buffer.
 
         Stops early at ``eos`` and, with ``p_min``, at a token whose row's top
@@ -375,9 +426,14 @@ class SpeculativeDecoder:
                 work = kernels.Workspace(draft.vocab_size)
             rows_q.reserve(n_max, draft.vocab_size, row.dtype)
             try:
-                token = kernels.sample_token(row, controls, generator,
-                                             rows_q.laws[n_draft:n_draft + 1],
-                                             rows_q.weights[n_draft], work)
+                token = kernels.sample_token(
+                    row,
+                    controls,
+                    generator,
+                    rows_q.laws[n_draft : n_draft + 1],
+                    rows_q.weights[n_draft],
+                    work,
+                )
             except InvalidLogitsError as error:
                 raise draft.invalid_logits(error, position - 1) from None
             if p_min > 0.0 and controls.temperature > 0.0:
@@ -391,9 +447,20 @@ class SpeculativeDecoder:
         return n_draft, work
 
 
-def sample(target_model, prompt_ids, max_new_tokens: int = 50, eos_token_id=None, *,
-           temperature: float = 1.0, top_k=None, top_p=None, min_p=None, seed=None,
-           rng=None, backend=None):
+def sample(
+    target_model,
+    prompt_ids,
+    max_new_tokens: int = 50,
+    eos_token_id=None,
+    *,
+    temperature: float = 1.0,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    seed=None,
+    rng=None,
+    backend=None,
+):
     """Plain autoregressive sampling from the target model, through the same kernels.
 
     The baseline that speculative decoding is compared with: same law, same
@@ -440,7 +507,7 @@ def sample(target_model, prompt_ids, max_new_tokens: int = 50, eos_token_id=None
     weights = work = None
     while run.length < run.limit:
         run.reserve(run.length + 1)
-        row = target.last_rows(run.ids[:, :run.length], 1)[0]
+        row = target.last_rows(run.ids[:, : run.length], 1)[0]
         if work is None:
             check_token_range(prompt, eos, target.vocab_size)
             work = kernels.Workspace(target.vocab_size)

@@ -44,8 +44,9 @@ class DraftSources:
         if self.model is not None:
             names.append("model")
         # the same class twice in a Chain: number them so that their stats stay apart
-        self.names = [name if names.count(name) == 1 else f"{name}[{i}]"
-                      for i, name in enumerate(names)]
+        self.names = [
+            name if names.count(name) == 1 else f"{name}[{i}]" for i, name in enumerate(names)
+        ]
         self.deterministic_only = self.model is None
 
     @property
@@ -70,8 +71,11 @@ class DraftSources:
             for source, drafter in enumerate(self.drafters):
                 proposal = drafter.propose(tokens, max_tokens)
                 if len(proposal):
-                    return (source, getattr(drafter, "last_match_size", None),
-                            _checked_proposal(proposal, max_tokens, self.names[source]))
+                    return (
+                        source,
+                        getattr(drafter, "last_match_size", None),
+                        _checked_proposal(proposal, max_tokens, self.names[source]),
+                    )
         if self.model is not None:
             return self.model_source, None, None
         return -1, None, _EMPTY
@@ -86,11 +90,14 @@ def _checked_proposal(proposal, max_tokens: int, name: str) -> np.ndarray:
     """A drafter's proposal as int64 ids, refused clearly if it is not one."""
     array = np.asarray(proposal)
     if array.ndim != 1 or array.dtype.kind not in "iu":
-        raise TypeError(f"drafter {name} proposed {array.dtype} ids of shape {array.shape}; "
-                        "expected a 1-D array of int token ids")
+        raise TypeError(
+            f"drafter {name} proposed {array.dtype} ids of shape {array.shape}; "
+            "expected a 1-D array of int token ids"
+        )
     if len(array) > max_tokens:
-        raise ValueError(f"drafter {name} proposed {len(array)} tokens, "
-                         f"more than max_tokens={max_tokens}")
+        raise ValueError(
+            f"drafter {name} proposed {len(array)} tokens, more than max_tokens={max_tokens}"
+        )
     if array.min() < 0:
         raise ValueError(f"drafter {name} proposed a negative token id ({array.min()})")
     return array.astype(np.int64, copy=False)

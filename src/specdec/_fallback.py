@@ -13,9 +13,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from specdec._common import (ALL_MASKED_LOGITS, BLOCK_SIZE, EMPTY_LAW, NONFINITE_LOGITS,
-                              SHIFT_LIMIT, InvalidLogitsError, check_laws, check_row_laws_args,
-                              check_verify_args)
+from specdec._common import (
+    ALL_MASKED_LOGITS,
+    BLOCK_SIZE,
+    EMPTY_LAW,
+    NONFINITE_LOGITS,
+    SHIFT_LIMIT,
+    InvalidLogitsError,
+    check_laws,
+    check_row_laws_args,
+    check_verify_args,
+)
 from specdec._validation import SamplingControls
 
 
@@ -50,8 +58,10 @@ class _Law(NamedTuple):
 def _controls(controls):
     """(inv_t, top_k, top_p, min_p) of a SamplingControls, inv_t = inf for greedy."""
     if not isinstance(controls, SamplingControls):
-        raise TypeError("controls must be a specdec._validation.SamplingControls, got "
-                        f"{type(controls).__name__}")
+        raise TypeError(
+            "controls must be a specdec._validation.SamplingControls, got "
+            f"{type(controls).__name__}"
+        )
     t = controls.temperature
     return (math.inf if t == 0.0 else 1.0 / t), controls.top_k, controls.top_p, controls.min_p
 
@@ -67,8 +77,17 @@ def _row_max(row: np.ndarray, index: int) -> float:
 
 _F32, _F64 = np.float32, np.float64
 _LOWEST = {np.dtype(_F32): _F32(-87.0), np.dtype(_F64): _F64(-708.0)}
-_CEPHES_EXPF = [_F32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
-                                  4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)]
+_CEPHES_EXPF = [
+    _F32(c)
+    for c in (
+        1.9875691500e-4,
+        1.3981999507e-3,
+        8.3334519073e-3,
+        4.1665795894e-2,
+        1.6666665459e-1,
+        5.0000001201e-1,
+    )
+]
 _TAYLOR_12 = [_F64(1.0 / math.factorial(k)) for k in range(12, -1, -1)]
 
 
@@ -76,9 +95,13 @@ def _fmaf(a, b, c):
     """float32 fused multiply-add: exact product in float64, one add, round to float.
 
     Equals C's fmaf except when the float64 rounding of the sum lands on a float32
-    tie (probability about 2^-29); see _kernels.h."""
-    return (a.astype(_F64) * _F64(b) + _F64(c) if np.ndim(c) == 0 else
-            a.astype(_F64) * _F64(b) + c.astype(_F64)).astype(_F32)
+    tie (probability about 2^-29); see _kernels.h.
+    """
+    return (
+        a.astype(_F64) * _F64(b) + _F64(c)
+        if np.ndim(c) == 0
+        else a.astype(_F64) * _F64(b) + c.astype(_F64)
+    ).astype(_F32)
 
 
 def _exp_f32(z):
@@ -112,8 +135,10 @@ def _exp_f64(z):
 
 
 def _weights(x: np.ndarray, shift: float, tau: float, zmin: float, inv_t: float) -> np.ndarray:
-    """Unnormalised weights of a row under a law (shift, tau, zmin), in the row's
-    dtype: ``sd_weight_*`` of _kernels.h."""
+    """Unnormalised weights of a row under a law (shift, tau, zmin), in its dtype.
+
+    ``sd_weight_*`` of _kernels.h.
+    """
     real = x.dtype.type
     # Logits near the type's limits overflow x - shift to -inf, and a huge temperature
     # underflows inv_t: IEEE results the C kernel computes silently too, masked below.
@@ -128,7 +153,8 @@ def _weights(x: np.ndarray, shift: float, tau: float, zmin: float, inv_t: float)
 def _top_p_threshold(x: np.ndarray, w: np.ndarray, top_p: float) -> float:
     """The largest logit v such that tokens with logit >= v hold top_p of the mass.
 
-    ``x`` and ``w`` in float64."""
+    ``x`` and ``w`` in float64.
+    """
     z_kept = float(w.sum())
     # Lighter tokens than eps cannot hold the threshold (see sd_top_p_threshold; the
     # compiled core gathers a superset of these candidates, with the same result).
@@ -143,12 +169,12 @@ def _top_p_threshold(x: np.ndarray, w: np.ndarray, top_p: float) -> float:
     return float(values[order[i]])
 
 
-def _row_law(row: np.ndarray, index: int, inv_t: float, top_k: int, top_p: float,
-             min_p: float):
+def _row_law(row: np.ndarray, index: int, inv_t: float, top_k: int, top_p: float, min_p: float):
     """(law, w): the row's ``_Law`` and its weights (row's dtype) in float64.
 
     Without controls, m is the shift row_law in _core.pyx uses: the first block's
-    maximum, unless the row's maximum lies more than SHIFT_LIMIT above it."""
+    maximum, unless the row's maximum lies more than SHIFT_LIMIT above it.
+    """
     n = len(row)
     if not 0 < top_k < n and top_p >= 1.0 and min_p <= 0.0:
         shift = float(row[:BLOCK_SIZE].max())
@@ -234,8 +260,10 @@ def sample_token(logits, controls, rng, law_out, weights_out, work):
 
 
 def row_laws(rows, controls, laws_out, weights_out, work):
-    """The law and the weights of each of n rows under the sampling controls, drawing
-    nothing: what ``verify`` needs of draft logits that were not sampled here.
+    """The law and the weights of each of n rows under the sampling controls.
+
+    Draws nothing: this is what ``verify`` needs of draft logits that were not
+    sampled by ``sample_token``.
 
     Parameters
     ----------
@@ -269,8 +297,9 @@ def row_laws(rows, controls, laws_out, weights_out, work):
         weights_out[i] = w
 
 
-def verify(target_rows, draft_tokens, draft_weights, draft_laws, bonus, controls, rng, work,
-           block=False):
+def verify(
+    target_rows, draft_tokens, draft_weights, draft_laws, bonus, controls, rng, work, block=False
+):
     """Verify a block of drafted tokens against the target's rows.
 
     Token by token (``block=False``, Leviathan et al. 2023): keeps each draft token
@@ -315,8 +344,7 @@ def verify(target_rows, draft_tokens, draft_weights, draft_laws, bonus, controls
     InvalidLogitsError
         A target row that the decision needed holds no law; ``row`` says which.
     """
-    check_verify_args(target_rows, draft_tokens, draft_weights, draft_laws, block,
-                      work.vocab_size)
+    check_verify_args(target_rows, draft_tokens, draft_weights, draft_laws, block, work.vocab_size)
     inv_t, top_k, top_p, min_p = _controls(controls)
     n_draft = len(draft_tokens)
     if inv_t == math.inf:
@@ -342,8 +370,10 @@ def verify(target_rows, draft_tokens, draft_weights, draft_laws, bonus, controls
         return 1.0 if one_hot else float(draft_weights[i, x]) / float(q_totals[i])
 
     def residual(i, scale):
-        """Residual weights of target row i at prefix ratio ``scale``: max(0, scale p - q);
-        for one-hot drafts p without the draft token (scale cancels)."""
+        """Residual weights of target row i at prefix ratio ``scale``.
+
+        max(0, scale p - q); for one-hot drafts p without the draft token (scale cancels).
+        """
         law_p, w_p = row(i)
         if one_hot:
             rest = w_p.copy()
@@ -363,8 +393,7 @@ def verify(target_rows, draft_tokens, draft_weights, draft_laws, bonus, controls
         return _pick(row(i)[1], u)
 
     if block:
-        n_accepted, ratios = _block_length(n_draft, draft_tokens, row, q_of, residual, one_hot,
-                                           rng)
+        n_accepted, ratios = _block_length(n_draft, draft_tokens, row, q_of, residual, one_hot, rng)
         if n_accepted < n_draft:
             return n_accepted, residual_draw(n_accepted, ratios[n_accepted], rng.random())
     else:
@@ -384,9 +413,11 @@ def verify(target_rows, draft_tokens, draft_weights, draft_laws, bonus, controls
 
 
 def _block_length(n_draft, draft_tokens, row, q_of, residual, one_hot, rng):
-    """(tau, ratios) of block verification (Sun et al., ICLR 2025, Algorithm 2), with
+    """(tau, ratios) of block verification (Sun et al., ICLR 2025, Algorithm 2).
+
     ratios[i] = p_i for the rows read; see ``verify_block_nogil`` in _core.pyx for the
-    algorithm and the conventions."""
+    algorithm and the conventions.
+    """
     etas = [rng.random() for _ in range(n_draft)]
     ratios = [1.0] * (n_draft + 1)
     ratio, tau = 1.0, 0

@@ -15,7 +15,9 @@ def _is_int(value) -> bool:
 
 
 def _is_real(value) -> bool:
-    return isinstance(value, (numbers.Real, np.floating, np.integer)) and not isinstance(value, bool)
+    return isinstance(value, (numbers.Real, np.floating, np.integer)) and not isinstance(
+        value, bool
+    )
 
 
 #: The largest draft length accepted.  Far beyond any useful draft (the cost of a
@@ -28,7 +30,8 @@ def check_gamma(gamma, name: str = "gamma") -> int:
     """Number of draft tokens per step: an int in [1, MAX_GAMMA]."""
     if not _is_int(gamma):
         raise TypeError(
-            f"{name} must be an int in [1, {MAX_GAMMA}], got {type(gamma).__name__} {gamma!r}")
+            f"{name} must be an int in [1, {MAX_GAMMA}], got {type(gamma).__name__} {gamma!r}"
+        )
     if not 1 <= gamma <= MAX_GAMMA:
         raise ValueError(f"{name} must be an int in [1, {MAX_GAMMA}], got {gamma}")
     return int(gamma)
@@ -48,9 +51,7 @@ def check_verification(verification) -> str:
 def check_max_new_tokens(max_new_tokens) -> int:
     """Token budget: an int >= 0."""
     if not _is_int(max_new_tokens):
-        raise TypeError(
-            f"max_new_tokens must be an int >= 0, got {type(max_new_tokens).__name__}"
-        )
+        raise TypeError(f"max_new_tokens must be an int >= 0, got {type(max_new_tokens).__name__}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     return int(max_new_tokens)
@@ -72,14 +73,14 @@ def check_prompt(prompt_ids) -> np.ndarray:
     if array.ndim == 2 and array.shape[0] == 1:
         array = array[0]  # a batch of one, as tokenizers return it
     if array.ndim != 1:
-        raise ValueError(
-            f"prompt_ids must have shape (L,) or (1, L), got shape {array.shape}")
+        raise ValueError(f"prompt_ids must have shape (L,) or (1, L), got shape {array.shape}")
     if array.size == 0:
         raise ValueError(
             "prompt_ids is empty: the first new token needs the logits of a prompt token"
         )
     if array.dtype.kind not in "iu" and not (
-            array.dtype == object and all(_is_int(v) for v in array)):
+        array.dtype == object and all(_is_int(v) for v in array)
+    ):
         raise TypeError(f"prompt_ids must hold int token ids, got dtype {array.dtype}")
     # Python ints, so that no id wraps around or overflows before it is checked
     low, high = int(min(array)), int(max(array))
@@ -128,7 +129,9 @@ def make_rng(rng, seed=None) -> np.random.Generator:
         return as_generator(rng, "rng")
     if seed is not None:
         return as_generator(seed, "seed")
-    return np.random.default_rng(int(np.random.randint(0, 2**62, dtype=np.int64)))
+    # NumPy's global state on purpose: np.random.seed(s) reproduces runs, as it did
+    # with the reference loop.
+    return np.random.default_rng(int(np.random.randint(0, 2**62, dtype=np.int64)))  # noqa: NPY002
 
 
 def as_generator(value, name: str) -> np.random.Generator:
@@ -152,8 +155,9 @@ MIN_TEMPERATURE = 1e-30
 
 @dataclass(frozen=True)
 class SamplingControls:
-    """Validated temperature, top-k, top-p and min-p, in the kernels' encoding (the
-    kernels take this object as their ``controls`` argument and read its four fields).
+    """Validated temperature, top-k, top-p and min-p, in the kernels' encoding.
+
+    The kernels take this object as their ``controls`` argument and read its four fields.
 
     ``top_k = 0``, ``top_p = 1.0`` and ``min_p = 0.0`` mean "off";
     ``temperature = 0.0`` means greedy.
@@ -165,16 +169,19 @@ class SamplingControls:
     min_p: float = 0.0
 
     @classmethod
-    def from_user(cls, temperature=1.0, top_k=None, top_p=None, min_p=None) -> "SamplingControls":
+    def from_user(cls, temperature=1.0, top_k=None, top_p=None, min_p=None) -> SamplingControls:
         """Check the user's values and encode them; raises TypeError/ValueError."""
         if not _is_real(temperature):
-            raise TypeError(f"temperature must be a real number >= 0, got {type(temperature).__name__}")
+            raise TypeError(
+                f"temperature must be a real number >= 0, got {type(temperature).__name__}"
+            )
         if not math.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
         if 0 < temperature < MIN_TEMPERATURE:
             raise ValueError(
                 f"temperature {temperature} is below {MIN_TEMPERATURE} (1/temperature must be "
-                "finite in float32); use 0 for greedy decoding")
+                "finite in float32); use 0 for greedy decoding"
+            )
         k = 0
         if top_k is not None:
             if not _is_int(top_k):
@@ -185,14 +192,18 @@ class SamplingControls:
         p = 1.0
         if top_p is not None:
             if not _is_real(top_p):
-                raise TypeError(f"top_p must be a number in (0, 1] or None, got {type(top_p).__name__}")
+                raise TypeError(
+                    f"top_p must be a number in (0, 1] or None, got {type(top_p).__name__}"
+                )
             if not 0.0 < top_p <= 1.0:
                 raise ValueError(f"top_p must be in (0, 1], got {top_p}")
             p = float(top_p)
         mp = 0.0
         if min_p is not None:
             if not _is_real(min_p):
-                raise TypeError(f"min_p must be a number in [0, 1) or None, got {type(min_p).__name__}")
+                raise TypeError(
+                    f"min_p must be a number in [0, 1) or None, got {type(min_p).__name__}"
+                )
             if not 0.0 <= min_p < 1.0:
                 raise ValueError(f"min_p must be in [0, 1), got {min_p}")
             mp = float(min_p)

@@ -102,8 +102,9 @@ def _as_array(value, name: str) -> np.ndarray:
         try:
             return np.from_dlpack(value)
         except (TypeError, ValueError, RuntimeError, BufferError) as exc:
-            raise TypeError(f"{name} must be an array NumPy can read on the CPU "
-                            f"(np.from_dlpack failed: {exc})") from None
+            raise TypeError(
+                f"{name} must be an array NumPy can read on the CPU (np.from_dlpack failed: {exc})"
+            ) from None
     if isinstance(value, (str, bytes)):
         raise TypeError(f"{name} must be an array, got {type(value).__name__}")
     try:
@@ -115,7 +116,8 @@ def _as_array(value, name: str) -> np.ndarray:
 def _float_rows(value, name: str, ndim: int, what: str) -> np.ndarray:
     """Float32/float64 rows of ``ndim`` dimensions whose last two axes are C-contiguous.
 
-    Any other layout (and a non-native byte order) is copied once, here."""
+    Any other layout (and a non-native byte order) is copied once, here.
+    """
     array = _as_array(value, name)
     if array.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, {what}, got shape {array.shape}")
@@ -126,8 +128,9 @@ def _float_rows(value, name: str, ndim: int, what: str) -> np.ndarray:
         array = array.astype(dtype.newbyteorder("="))
     rows, vocab = array.shape[-2:]
     step = array.itemsize
-    if ((vocab > 1 and array.strides[-1] != step)
-            or (rows > 1 and array.strides[-2] != vocab * step)):
+    if (vocab > 1 and array.strides[-1] != step) or (
+        rows > 1 and array.strides[-2] != vocab * step
+    ):
         # The kernels read each sequence's rows as one C-contiguous block; the stride
         # between sequences may be anything (a batch can be a slice of a larger one).
         array = np.ascontiguousarray(array)
@@ -157,8 +160,9 @@ def _check_n_threads(n_threads) -> int:
     if n_threads is None:
         return os.cpu_count() or 1
     if not _is_int(n_threads):
-        raise TypeError(f"n_threads must be a positive int or None (all cores), got "
-                        f"{type(n_threads).__name__}")
+        raise TypeError(
+            f"n_threads must be a positive int or None (all cores), got {type(n_threads).__name__}"
+        )
     if n_threads < 1:
         raise ValueError(f"n_threads must be a positive int or None (all cores), got {n_threads}")
     return int(n_threads)
@@ -169,35 +173,43 @@ def _generators(rngs, batch: int, greedy: bool) -> list:
     if rngs is None:
         if greedy:
             return [None] * batch
-        raise TypeError("rngs is required when temperature > 0: a sequence of one "
-                        "numpy.random.Generator or int seed per sequence")
+        raise TypeError(
+            "rngs is required when temperature > 0: a sequence of one "
+            "numpy.random.Generator or int seed per sequence"
+        )
     if isinstance(rngs, (np.random.Generator, np.random.BitGenerator, str, bytes)) or _is_int(rngs):
         raise TypeError(
             f"rngs must be a sequence of {batch} Generators or int seeds, one per sequence, "
             f"got a single {type(rngs).__name__} (a generator shared by the batch would make "
-            "each sequence's result depend on its neighbours)")
+            "each sequence's result depend on its neighbours)"
+        )
     try:
         rngs = list(rngs)
     except TypeError:
-        raise TypeError(f"rngs must be a sequence of {batch} Generators or int seeds, got "
-                        f"{type(rngs).__name__}") from None
+        raise TypeError(
+            f"rngs must be a sequence of {batch} Generators or int seeds, got {type(rngs).__name__}"
+        ) from None
     if len(rngs) != batch:
-        raise ValueError(f"rngs must hold one generator or seed per sequence ({batch}), "
-                         f"got {len(rngs)}")
+        raise ValueError(
+            f"rngs must hold one generator or seed per sequence ({batch}), got {len(rngs)}"
+        )
     generators = []
     for b, rng in enumerate(rngs):
         try:
             generators.append(as_generator(rng, f"rngs[{b}]"))
         except TypeError:
-            raise TypeError(f"rngs[{b}] must be a numpy.random.Generator or an int seed, "
-                            f"got {type(rng).__name__}") from None
+            raise TypeError(
+                f"rngs[{b}] must be a numpy.random.Generator or an int seed, "
+                f"got {type(rng).__name__}"
+            ) from None
     seen = {}
     for b, generator in enumerate(generators):
         other = seen.setdefault(id(generator.bit_generator), b)
         if other != b:
             raise ValueError(
                 f"rngs[{other}] and rngs[{b}] share one bit generator: each sequence needs "
-                "its own, or its result would depend on the other's")
+                "its own, or its result would depend on the other's"
+            )
     return generators
 
 
@@ -207,35 +219,55 @@ class _Step(NamedTuple):
     kernels: object
     controls: SamplingControls
     block: bool
-    kind: str | None          # "logits", "probs" or None (one-hot drafts)
-    ids: np.ndarray           # (B, K) int64
+    kind: str | None  # "logits", "probs" or None (one-hot drafts)
+    ids: np.ndarray  # (B, K) int64
     draft: np.ndarray | None  # (B, K, V)
-    target: np.ndarray        # (B, K + 1, V)
-    lengths: np.ndarray       # (B,) int64
+    target: np.ndarray  # (B, K + 1, V)
+    lengths: np.ndarray  # (B,) int64
     generators: list
-    single: bool              # verify (no batch axis in the messages)
+    single: bool  # verify (no batch axis in the messages)
 
 
-def _validate(draft_token_ids, draft, target_logits, lengths, draft_kind, temperature, top_k,
-              top_p, min_p, verification, rngs, backend, single: bool) -> _Step:
+def _validate(
+    draft_token_ids,
+    draft,
+    target_logits,
+    lengths,
+    draft_kind,
+    temperature,
+    top_k,
+    top_p,
+    min_p,
+    verification,
+    rngs,
+    backend,
+    single: bool,
+) -> _Step:
     """Every check that needs no row values, in argument order; nothing is drawn."""
     kind = _check_kind(draft_kind)
     controls = SamplingControls.from_user(temperature, top_k, top_p, min_p)
     block = check_verification(verification) == "block"
     kernels = kernels_for(backend)
     extra = 0 if single else 1  # the batch axis
-    ids = _token_ids(draft_token_ids, "draft_token_ids", 1 + extra,
-                     "(k,) drafted ids" if single else "(B, K) drafted ids, padded")
-    target = _float_rows(target_logits, "target_logits", 2 + extra,
-                         "(k + 1, V)" if single else "(B, K + 1, V)")
+    ids = _token_ids(
+        draft_token_ids,
+        "draft_token_ids",
+        1 + extra,
+        "(k,) drafted ids" if single else "(B, K) drafted ids, padded",
+    )
+    target = _float_rows(
+        target_logits, "target_logits", 2 + extra, "(k + 1, V)" if single else "(B, K + 1, V)"
+    )
     if single:
         ids, target = ids[np.newaxis], target[np.newaxis]
     batch, width = ids.shape
     vocab = target.shape[2]
     if target.shape[0] != batch or target.shape[1] != width + 1:
         expected = f"({width + 1}, V)" if single else f"({batch}, {width + 1}, V)"
-        raise ValueError(f"target_logits must have shape {expected} (one row per draft and "
-                         f"one for the next token), got {target.shape[1 - extra:]}")
+        raise ValueError(
+            f"target_logits must have shape {expected} (one row per draft and "
+            f"one for the next token), got {target.shape[1 - extra :]}"
+        )
     if vocab < 1:
         raise ValueError("target_logits has no vocabulary (its last axis is empty)")
     if draft is not None:
@@ -245,18 +277,23 @@ def _validate(draft_token_ids, draft, target_logits, lengths, draft_kind, temper
             draft = draft[np.newaxis]
         if draft.shape[:2] != (batch, width):
             expected = f"({width}, V)" if single else f"({batch}, {width}, V)"
-            raise ValueError(f"draft must have shape {expected} (one row per draft), got "
-                             f"{draft.shape[1 - extra:]}")
+            raise ValueError(
+                f"draft must have shape {expected} (one row per draft), got "
+                f"{draft.shape[1 - extra :]}"
+            )
         if draft.shape[2] != vocab:
-            raise ValueError(f"draft and target_logits disagree on the vocabulary: draft has "
-                             f"{draft.shape[2]} columns, target_logits {vocab}")
+            raise ValueError(
+                f"draft and target_logits disagree on the vocabulary: draft has "
+                f"{draft.shape[2]} columns, target_logits {vocab}"
+            )
     if single:
         sizes = np.array([width], dtype=np.int64)
     else:
         sizes = _token_ids(lengths, "lengths", 1, "(B,) draft lengths")
         if len(sizes) != batch:
-            raise ValueError(f"lengths must hold one length per sequence ({batch}), "
-                             f"got {len(sizes)}")
+            raise ValueError(
+                f"lengths must hold one length per sequence ({batch}), got {len(sizes)}"
+            )
         if batch and (sizes.min() < 0 or sizes.max() > width):
             b = int(np.flatnonzero((sizes < 0) | (sizes > width))[0])
             raise ValueError(f"lengths[{b}] is {int(sizes[b])}, outside [0, K = {width}]")
@@ -272,8 +309,18 @@ def _validate(draft_token_ids, draft, target_logits, lengths, draft_kind, temper
         generators = [None if greedy and rngs is None else make_rng(rngs)]
     else:
         generators = _generators(rngs, batch, greedy)
-    return _Step(kernels, controls, block, None if draft is None else kind, ids, draft,
-                 target, sizes, generators, single)
+    return _Step(
+        kernels,
+        controls,
+        block,
+        None if draft is None else kind,
+        ids,
+        draft,
+        target,
+        sizes,
+        generators,
+        single,
+    )
 
 
 # --- one sequence ----------------------------------------------------------------------
@@ -302,7 +349,7 @@ _local = threading.local()
 
 
 def _scratch(kernels, vocab: int) -> _Scratch:
-    """This thread's scratch for ``kernels`` at ``vocab`` (one per backend is kept)."""
+    """Get this thread's scratch for ``kernels`` at ``vocab`` (one per backend is kept)."""
     kept = getattr(_local, "scratch", None)
     if kept is None:
         kept = _local.scratch = {}
@@ -328,8 +375,9 @@ def _draft_law(step: _Step, b: int, n: int, scratch: _Scratch):
         try:
             step.kernels.row_laws(rows, step.controls, laws, weights, scratch.work)
         except InvalidLogitsError as error:
-            raise ValueError(f"{_where(step, 'draft', b, error.row)} holds {error.reason}") \
-                from error
+            raise ValueError(
+                f"{_where(step, 'draft', b, error.row)} holds {error.reason}"
+            ) from error
         if not greedy:
             zero = weights[np.arange(n), ids] <= 0.0
             if zero.any():
@@ -337,7 +385,8 @@ def _draft_law(step: _Step, b: int, n: int, scratch: _Scratch):
                 raise ValueError(
                     f"{_where(step, 'draft_token_ids', b, i)}: token {int(ids[i])} has "
                     "probability 0 under the draft's law (its logits under these sampling "
-                    "controls), so it cannot have been drawn from it")
+                    "controls), so it cannot have been drawn from it"
+                )
         return weights, laws
     # probabilities, taken as given: finite, >= 0, positive mass, positive q(x)
     low = rows.min(axis=1)
@@ -345,20 +394,22 @@ def _draft_law(step: _Step, b: int, n: int, scratch: _Scratch):
     bad = ~(low >= 0.0) | ~(totals < np.inf)  # NaN fails both comparisons
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{_where(step, 'draft', b, i)} (draft_kind='probs') holds NaN, "
-                         "inf or a negative probability")
+        raise ValueError(
+            f"{_where(step, 'draft', b, i)} (draft_kind='probs') holds NaN, "
+            "inf or a negative probability"
+        )
     bad = ~(totals > 0.0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{_where(step, 'draft', b, i)} (draft_kind='probs') has no "
-                         "positive mass")
+        raise ValueError(f"{_where(step, 'draft', b, i)} (draft_kind='probs') has no positive mass")
     if not greedy:
         zero = rows[np.arange(n), ids] <= 0.0
         if zero.any():
             i = int(np.flatnonzero(zero)[0])
             raise ValueError(
                 f"{_where(step, 'draft_token_ids', b, i)}: token {int(ids[i])} has probability "
-                "0 in draft (draft_kind='probs'), so it cannot have been drawn from it")
+                "0 in draft (draft_kind='probs'), so it cannot have been drawn from it"
+            )
     laws = np.zeros(n, LAW_DTYPE)
     laws["total"] = totals
     return rows, laws
@@ -370,12 +421,21 @@ def _verify_one(step: _Step, b: int) -> tuple[int, int]:
     n = int(step.lengths[b])
     weights, laws = _draft_law(step, b, n, scratch)
     try:
-        return step.kernels.verify(step.target[b, :n + 1], step.ids[b, :n], weights, laws,
-                                   True, step.controls, step.generators[b], scratch.work,
-                                   step.block)
+        return step.kernels.verify(
+            step.target[b, : n + 1],
+            step.ids[b, :n],
+            weights,
+            laws,
+            True,
+            step.controls,
+            step.generators[b],
+            scratch.work,
+            step.block,
+        )
     except InvalidLogitsError as error:
-        raise ValueError(f"{_where(step, 'target_logits', b, error.row)} holds "
-                         f"{error.reason}") from error
+        raise ValueError(
+            f"{_where(step, 'target_logits', b, error.row)} holds {error.reason}"
+        ) from error
 
 
 # --- the pool ------------------------------------------------------------------------------
@@ -386,9 +446,11 @@ _pool_size = 0
 
 
 def _submit(function, copies: int) -> list:
-    """Run ``copies`` calls of ``function`` on the module's pool (created, or grown when
-    a call asks for more threads than it has, under the lock: a pool being replaced
-    still finishes what it was given)."""
+    """Run ``copies`` calls of ``function`` on the module's pool.
+
+    The pool is created, or grown when a call asks for more threads than it has, under
+    the lock: a pool being replaced still finishes what it was given.
+    """
     global _pool, _pool_size
     with _pool_lock:
         if _pool is None or _pool_size < copies:
@@ -406,7 +468,8 @@ def _run(step: _Step, n_threads: int, out_accepted, out_next) -> None:
     Sequences are claimed in increasing order from one counter, and every sequence is
     verified even after another failed: so each generator advances as its own call
     would, and the error raised (the lowest failing sequence's) does not depend on the
-    scheduling."""
+    scheduling.
+    """
     batch = len(step.ids)
     errors: dict[int, BaseException] = {}
     claim = itertools.count()  # next() is atomic under the GIL
@@ -417,7 +480,7 @@ def _run(step: _Step, n_threads: int, out_accepted, out_next) -> None:
                 return
             try:
                 out_accepted[b], out_next[b] = _verify_one(step, b)
-            except Exception as error:  # noqa: BLE001 -- re-raised below, in order
+            except Exception as error:
                 errors[b] = error
 
     helpers = min(n_threads, batch) - 1
@@ -434,8 +497,20 @@ def _run(step: _Step, n_threads: int, out_accepted, out_next) -> None:
 # --- the API -------------------------------------------------------------------------------
 
 
-def verify(draft_token_ids, draft, target_logits, *, draft_kind="logits", temperature=1.0,
-           top_k=None, top_p=None, min_p=None, verification="block", rng=None, backend=None):
+def verify(
+    draft_token_ids,
+    draft,
+    target_logits,
+    *,
+    draft_kind="logits",
+    temperature=1.0,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    verification="block",
+    rng=None,
+    backend=None,
+):
     """Verify one sequence's k drafted tokens against the target's k + 1 rows.
 
     Parameters
@@ -493,15 +568,41 @@ def verify(draft_token_ids, draft, target_logits, *, draft_kind="logits", temper
     >>> target = rng.standard_normal((3, 10))
     >>> n_accepted, token = verify([4, 7], rng.standard_normal((2, 10)), target, rng=rng)
     """
-    step = _validate(draft_token_ids, draft, target_logits, None, draft_kind, temperature,
-                     top_k, top_p, min_p, verification, rng, backend, single=True)
+    step = _validate(
+        draft_token_ids,
+        draft,
+        target_logits,
+        None,
+        draft_kind,
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        verification,
+        rng,
+        backend,
+        single=True,
+    )
     n_accepted, token = _verify_one(step, 0)
     return int(n_accepted), int(token)
 
 
-def verify_batch(draft_token_ids, draft, target_logits, lengths, *, draft_kind="logits",
-                 temperature=1.0, top_k=None, top_p=None, min_p=None, verification="block",
-                 rngs=None, n_threads=None, backend=None) -> BatchResult:
+def verify_batch(
+    draft_token_ids,
+    draft,
+    target_logits,
+    lengths,
+    *,
+    draft_kind="logits",
+    temperature=1.0,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    verification="block",
+    rngs=None,
+    n_threads=None,
+    backend=None,
+) -> BatchResult:
     """Verify a batch of sequences with ragged draft lengths, in parallel.
 
     Sequence b is verified exactly as ``verify(draft_token_ids[b, :n], draft[b, :n],
@@ -543,13 +644,27 @@ def verify_batch(draft_token_ids, draft, target_logits, lengths, *, draft_kind="
         generator advances as its own call would), and the results are discarded.
     """
     n_threads = _check_n_threads(n_threads)
-    step = _validate(draft_token_ids, draft, target_logits, lengths, draft_kind, temperature,
-                     top_k, top_p, min_p, verification, rngs, backend, single=False)
+    step = _validate(
+        draft_token_ids,
+        draft,
+        target_logits,
+        lengths,
+        draft_kind,
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        verification,
+        rngs,
+        backend,
+        single=False,
+    )
     batch, width = step.ids.shape
     n_accepted = np.zeros(batch, dtype=np.int64)
     next_tokens = np.full(batch, -1, dtype=np.int64)
     _run(step, n_threads, n_accepted, next_tokens)
-    tokens = np.where(np.arange(width + 1) < n_accepted[:, np.newaxis],
-                      np.pad(step.ids, ((0, 0), (0, 1))), -1)
+    tokens = np.where(
+        np.arange(width + 1) < n_accepted[:, np.newaxis], np.pad(step.ids, ((0, 0), (0, 1))), -1
+    )
     tokens[np.arange(batch), n_accepted] = next_tokens
     return BatchResult(n_accepted, next_tokens, tokens)

@@ -43,7 +43,7 @@ class _Parser(argparse.ArgumentParser):
     many options that buries the one line that matters.
     """
 
-    def error(self, message):  # noqa: D401 - argparse's API
+    def error(self, message):
         self.exit(2, f"{PROG}: error: {message} (see '{self.prog} --help')\n")
 
 

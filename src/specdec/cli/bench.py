@@ -163,7 +163,7 @@ def _guarded(run, name: str):
     def guarded():
         try:
             return run()
-        except (Exception, SystemExit) as error:  # noqa: BLE001 - a foreign file's failure
+        except (Exception, SystemExit) as error:
             what = f"sys.exit({error.code!r})" if isinstance(error, SystemExit) else repr(error)
             raise CLIError(f"the {name}'s generate failed: {what}") from None
 

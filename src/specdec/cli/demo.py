@@ -14,7 +14,6 @@ import time
 
 import specdec
 from specdec.cli import demo_models
-from specdec.drafters import Drafter
 from specdec.cli.options import (
     MAX_GAMMA,
     MAX_LATENCY_MS,
@@ -25,6 +24,7 @@ from specdec.cli.options import (
     number,
 )
 from specdec.cli.output import Progress, bar_chart, print_json, printable, row
+from specdec.drafters import Drafter
 
 __all__ = ["configure", "run_demo", "DEFAULT_PROMPT", "STATS_FIELDS", "MAX_GGUF_CONTEXT"]
 

@@ -207,7 +207,7 @@ def reference_run(
 
     def run() -> Outcome:
         timed_draft.elapsed = timed_target.elapsed = 0.0
-        np.random.seed(seed)
+        np.random.seed(seed)  # noqa: NPY002 - the reference loop draws from the global state
         start = time.perf_counter()
         ids, stats = decoder.generate(timed_draft, timed_target, list(prompt), max_new_tokens)
         wall = time.perf_counter() - start

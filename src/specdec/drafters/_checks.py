@@ -19,8 +19,7 @@ def check_int_option(name: str, value, minimum: int) -> int:
     if type(value) is int and value >= minimum:  # the common case, on every step
         return value
     if not _is_int(value):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} "
-                        f"{value!r}")
+        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
     return int(value)
@@ -30,8 +29,9 @@ def check_probability_option(name: str, value, closed: bool = True) -> float:
     """An option that must be a real number in [0, 1] (in [0, 1) unless *closed*)."""
     interval = "[0, 1]" if closed else "[0, 1)"
     if not _is_real(value):
-        raise TypeError(f"{name} must be a number in {interval}, got {type(value).__name__} "
-                        f"{value!r}")
+        raise TypeError(
+            f"{name} must be a number in {interval}, got {type(value).__name__} {value!r}"
+        )
     if not (0.0 <= value <= 1.0 if closed else 0.0 <= value < 1.0):  # also refuses NaN
         raise ValueError(f"{name} must be a number in {interval}, got {value}")
     return float(value)
@@ -88,5 +88,6 @@ def check_ids(ids: np.ndarray, name: str, vocab_size: int | None) -> None:
     if vocab_size is not None:
         high = int(ids.max())
         if high >= vocab_size:
-            raise ValueError(f"{name} holds token id {high}, outside [0, vocab_size) = "
-                             f"[0, {vocab_size})")
+            raise ValueError(
+                f"{name} holds token id {high}, outside [0, vocab_size) = [0, {vocab_size})"
+            )

@@ -68,7 +68,7 @@ class Drafter(abc.ABC):
     array([7, 7])
     """
 
-    def start(self, prompt: np.ndarray) -> None:
+    def start(self, prompt: np.ndarray) -> None:  # noqa: B027 - an optional hook
         """Begin a new sequence.
 
         Called once per ``generate`` call, before the first :meth:`propose`.
@@ -99,7 +99,7 @@ class Drafter(abc.ABC):
             It must be a fresh array (or one the drafter no longer modifies).
         """
 
-    def extend(self, tokens: np.ndarray, n_new: int) -> None:
+    def extend(self, tokens: np.ndarray, n_new: int) -> None:  # noqa: B027 - an optional hook
         """Take note that the last *n_new* tokens of *tokens* were appended.
 
         Called after every step with the tokens the step kept: the accepted

@@ -10,8 +10,9 @@ __all__ = ["Chain"]
 
 
 def _is_model(source) -> bool:
-    return not isinstance(source, type) and (callable(getattr(source, "forward", None))
-                                             or callable(source))
+    return not isinstance(source, type) and (
+        callable(getattr(source, "forward", None)) or callable(source)
+    )
 
 
 class Chain(Drafter):
@@ -45,8 +46,10 @@ class Chain(Drafter):
                 raise TypeError("Chain sources cannot be Chains: list their sources instead")
             if isinstance(source, Drafter):
                 if model is not None:
-                    raise ValueError("a draft model must be the last source of a Chain "
-                                     "(it always has a proposal)")
+                    raise ValueError(
+                        "a draft model must be the last source of a Chain "
+                        "(it always has a proposal)"
+                    )
                 drafters.append(source)
             elif _is_model(source):
                 if model is not None:
@@ -55,7 +58,8 @@ class Chain(Drafter):
             else:
                 raise TypeError(
                     f"Chain source {i} must be a specdec.drafters.Drafter or a model with "
-                    f"forward(ids), got {type(source).__name__}")
+                    f"forward(ids), got {type(source).__name__}"
+                )
         self.drafters = tuple(drafters)
         self.model = model
         #: Index of the source of the last :meth:`propose` (-1: none had a proposal).

@@ -27,8 +27,13 @@ import math
 
 from specdec._validation import _is_int, _is_real
 
-__all__ = ["DEFAULT_TARGET_COST", "AdaptiveDraftLength", "DraftLengthPolicy",
-           "FixedDraftLength", "HeuristicDraftLength"]
+__all__ = [
+    "DEFAULT_TARGET_COST",
+    "AdaptiveDraftLength",
+    "DraftLengthPolicy",
+    "FixedDraftLength",
+    "HeuristicDraftLength",
+]
 
 
 class DraftLengthPolicy:
@@ -70,8 +75,9 @@ class DraftLengthPolicy:
         """
         raise NotImplementedError
 
-    def observe(self, source: int, drafted: int, kept: int, target_seconds: float,
-                shadow: bool | None) -> None:
+    def observe(
+        self, source: int, drafted: int, kept: int, target_seconds: float, shadow: bool | None
+    ) -> None:
         """Learn from one step.
 
         Parameters
@@ -108,8 +114,10 @@ class FixedDraftLength(DraftLengthPolicy):
 
 
 class HeuristicDraftLength(DraftLengthPolicy):
-    """Hugging Face's ``num_assistant_tokens_schedule="heuristic"``: +2 after a fully
-    kept draft, -1 otherwise (never below 1).  A baseline to compare with.
+    """Hugging Face's ``num_assistant_tokens_schedule="heuristic"``.
+
+    +2 after a fully kept draft, -1 otherwise (never below 1).  A baseline to compare
+    with.
 
     Parameters
     ----------
@@ -188,13 +196,23 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     #: A source not observed for this many proposals is tried with one token.
     PROBE_EVERY = 16
 
-    def __init__(self, min_tokens: int = 0, p_min: float = 0.0, *, target_cost=None,
-                 draft_cost: float = 0.0, prior_acceptance: float = 0.5,
-                 memory: float = 0.98) -> None:
+    def __init__(
+        self,
+        min_tokens: int = 0,
+        p_min: float = 0.0,
+        *,
+        target_cost=None,
+        draft_cost: float = 0.0,
+        prior_acceptance: float = 0.5,
+        memory: float = 0.98,
+    ) -> None:
         if not _is_int(min_tokens) or min_tokens < 0:
             raise ValueError(f"min_tokens must be an int >= 0, got {min_tokens!r}")
-        for name, value in (("p_min", p_min), ("prior_acceptance", prior_acceptance),
-                            ("memory", memory)):
+        for name, value in (
+            ("p_min", p_min),
+            ("prior_acceptance", prior_acceptance),
+            ("memory", memory),
+        ):
             open_low = name != "p_min"
             if not _is_real(value) or not (0.0 < value < 1.0 if open_low else 0.0 <= value < 1.0):
                 bounds = "(0, 1)" if open_low else "[0, 1)"
@@ -214,9 +232,11 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._idle: dict = {}  # key -> proposals since the last observation
 
     def __repr__(self) -> str:
-        return (f"AdaptiveDraftLength(min_tokens={self.min_tokens}, p_min={self.p_min}, "
-                f"target_cost={self.target_cost!r}, draft_cost={self.draft_cost}, "
-                f"prior_acceptance={self.prior_acceptance}, memory={self.memory})")
+        return (
+            f"AdaptiveDraftLength(min_tokens={self.min_tokens}, p_min={self.p_min}, "
+            f"target_cost={self.target_cost!r}, draft_cost={self.draft_cost}, "
+            f"prior_acceptance={self.prior_acceptance}, memory={self.memory})"
+        )
 
     def start(self, max_tokens: int, target_cost=None) -> None:
         """Begin a generate call (see :class:`DraftLengthPolicy`).
@@ -305,7 +325,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         if tested:
             self._idle[source] = 0
             kept_sum, tested_sum = self._accept.get(source, (0.0, 0.0))
-            m = self.memory ** tested
+            m = self.memory**tested
             self._accept[source] = [kept_sum * m + successes, tested_sum * m + tested]
         if self.target_cost == "measured" and target_seconds > 0.0:
             weight, mean = self._times.get(drafted, (0.0, 0.0))
@@ -322,6 +342,8 @@ def _check_cost(value, name: str):
     except (TypeError, ValueError):
         valid = False
     if not valid:
-        raise ValueError(f"{name} must be None, 'measured' or a pair (overhead, per_token) "
-                         f"of finite numbers >= 0, got {value!r}")
+        raise ValueError(
+            f"{name} must be None, 'measured' or a pair (overhead, per_token) "
+            f"of finite numbers >= 0, got {value!r}"
+        )
     return (float(overhead), float(per_token))

@@ -95,8 +95,10 @@ class PromptLookup(Drafter):
         self.max_ngram_size = check_int_option("max_ngram_size", max_ngram_size, 1)
         self.min_ngram_size = check_int_option("min_ngram_size", min_ngram_size, 1)
         if self.min_ngram_size > self.max_ngram_size:
-            raise ValueError(f"min_ngram_size must be <= max_ngram_size ({self.max_ngram_size}), "
-                             f"got {self.min_ngram_size}")
+            raise ValueError(
+                f"min_ngram_size must be <= max_ngram_size ({self.max_ngram_size}), "
+                f"got {self.min_ngram_size}"
+            )
         self.last_match_size = 0
         self.last_match_position = -1
         # The indexed sequence: _buffer[:_length] (grown by doubling), and for every
@@ -107,8 +109,10 @@ class PromptLookup(Drafter):
         self._index: dict[tuple, int] = {}
 
     def __repr__(self) -> str:
-        return (f"PromptLookup(num_tokens={self.num_tokens}, max_ngram_size="
-                f"{self.max_ngram_size}, min_ngram_size={self.min_ngram_size})")
+        return (
+            f"PromptLookup(num_tokens={self.num_tokens}, max_ngram_size="
+            f"{self.max_ngram_size}, min_ngram_size={self.min_ngram_size})"
+        )
 
     # -- the Drafter interface ------------------------------------------------------
 
@@ -150,11 +154,11 @@ class PromptLookup(Drafter):
         top = min(self.max_ngram_size, length - 1)
         if max_tokens == 0 or top < self.min_ngram_size:
             return empty_proposal()
-        tail = tokens[length - top:].tolist()
+        tail = tokens[length - top :].tolist()
         self._sync(tokens, tail)
         index = self._index
         for n in range(top, self.min_ngram_size - 1, -1):
-            start = index.get(tuple(tail[top - n:]))
+            start = index.get(tuple(tail[top - n :]))
             if start is not None:
                 begin = start + n  # <= length - 1: the trailing n-gram is not indexed
                 end = min(begin + self.num_tokens, begin + max_tokens, length)
@@ -181,7 +185,7 @@ class PromptLookup(Drafter):
             # The decoder's protocol: tokens[:old] is the indexed sequence.  Checking
             # its last tokens (O(max_ngram_size)) catches a skipped start().
             k = min(old, self.max_ngram_size)
-            if self._buffer[old - k:old].tolist() == tokens[old - k:old].tolist():
+            if self._buffer[old - k : old].tolist() == tokens[old - k : old].tolist():
                 self._append(tokens[old:])
                 return
         self._sync(tokens, None)
@@ -202,8 +206,8 @@ class PromptLookup(Drafter):
         if length == indexed:
             if tail is None:
                 k = min(length, self.max_ngram_size)
-                tail = tokens[length - k:].tolist()
-            if self._buffer[length - len(tail):length].tolist() == tail:
+                tail = tokens[length - k :].tolist()
+            if self._buffer[length - len(tail) : length].tolist() == tail:
                 return
         elif indexed < length and np.array_equal(self._buffer[:indexed], tokens[:indexed]):
             self._append(tokens[indexed:])
@@ -231,7 +235,7 @@ class PromptLookup(Drafter):
             return
         sizes = range(self.min_ngram_size, self.max_ngram_size + 1)
         offset = max(first - self.max_ngram_size + 1, 0)
-        window = self._buffer[offset:last + 1].tolist()
+        window = self._buffer[offset : last + 1].tolist()
         index = self._index
         # Increasing end positions: a later occurrence overwrites an earlier one.
         for end in range(first, last + 1):
@@ -240,4 +244,4 @@ class PromptLookup(Drafter):
                 begin = end + 1 - n
                 if begin < 0:
                     break
-                index[tuple(window[begin - offset:stop])] = begin
+                index[tuple(window[begin - offset : stop])] = begin

@@ -120,16 +120,25 @@ class NGram(Drafter):
     (0.75, 0.5625)
     """
 
-    def __init__(self, order: int = 4, *, num_tokens: int = 10, min_count: int = 1,
-                 min_probability: float = 0.5, vocab_size: int | None = None,
-                 online: bool = True):
+    def __init__(
+        self,
+        order: int = 4,
+        *,
+        num_tokens: int = 10,
+        min_count: int = 1,
+        min_probability: float = 0.5,
+        vocab_size: int | None = None,
+        online: bool = True,
+    ):
         self._order = check_int_option("order", order, 2)
         self.num_tokens = check_int_option("num_tokens", num_tokens, 1)
         self.min_count = check_int_option("min_count", min_count, 1)
-        self.min_probability = check_probability_option("min_probability", min_probability,
-                                                        closed=False)
-        self._vocab_size = (None if vocab_size is None
-                            else check_int_option("vocab_size", vocab_size, 1))
+        self.min_probability = check_probability_option(
+            "min_probability", min_probability, closed=False
+        )
+        self._vocab_size = (
+            None if vocab_size is None else check_int_option("vocab_size", vocab_size, 1)
+        )
         self.online = check_bool_option("online", online)
         self.last_match_size = 0
         self.last_probabilities: tuple = ()
@@ -152,9 +161,11 @@ class NGram(Drafter):
         return len(self._counts)
 
     def __repr__(self) -> str:
-        return (f"NGram(order={self._order}, num_tokens={self.num_tokens}, "
-                f"min_count={self.min_count}, min_probability={self.min_probability}, "
-                f"vocab_size={self._vocab_size}, online={self.online})")
+        return (
+            f"NGram(order={self._order}, num_tokens={self.num_tokens}, "
+            f"min_count={self.min_count}, min_probability={self.min_probability}, "
+            f"vocab_size={self._vocab_size}, online={self.online})"
+        )
 
     # -- learning -------------------------------------------------------------------
 
@@ -181,11 +192,13 @@ class NGram(Drafter):
             A new drafter holding the counts.
         """
         if not callable(tokenize):
-            raise TypeError(f"tokenize must be a callable str -> list of int, got "
-                            f"{type(tokenize).__name__}")
+            raise TypeError(
+                f"tokenize must be a callable str -> list of int, got {type(tokenize).__name__}"
+            )
         if isinstance(texts, (str, bytes)):
-            raise TypeError("texts must be an iterable of str, not a single string "
-                            "(wrap it in a list)")
+            raise TypeError(
+                "texts must be an iterable of str, not a single string (wrap it in a list)"
+            )
         drafter = cls(order, **options)
         for i, text in enumerate(texts):
             if not isinstance(text, str):
@@ -209,15 +222,18 @@ class NGram(Drafter):
             ``self``, for chaining.
         """
         if isinstance(token_sequences, (str, bytes)):
-            raise TypeError("token_sequences must be an iterable of sequences of int ids, "
-                            "not a string")
+            raise TypeError(
+                "token_sequences must be an iterable of sequences of int ids, not a string"
+            )
         checked = []
         # Check everything before counting anything: a bad sequence leaves no trace.
         for i, sequence in enumerate(token_sequences):
             if np.ndim(sequence) == 0:
-                raise TypeError(f"token_sequences[{i}] is not a sequence of ids (got "
-                                f"{type(sequence).__name__}); fit takes an iterable of "
-                                "sequences: wrap a single sequence in a list")
+                raise TypeError(
+                    f"token_sequences[{i}] is not a sequence of ids (got "
+                    f"{type(sequence).__name__}); fit takes an iterable of "
+                    "sequences: wrap a single sequence in a list"
+                )
             checked.append(self._checked(sequence, f"token_sequences[{i}]"))
         for ids in checked:
             self._count_sequence(ids)
@@ -246,7 +262,7 @@ class NGram(Drafter):
                 break
             # Counter over zipped shifted copies counts in C; the Python loop then
             # runs once per distinct gram, not once per position.
-            for gram, count in Counter(zip(*(ids[j:] for j in range(n)))).items():
+            for gram, count in Counter(zip(*(ids[j:] for j in range(n)), strict=False)).items():
                 add(gram, count)
 
     def _add(self, gram: tuple, count: int) -> None:
@@ -301,7 +317,7 @@ class NGram(Drafter):
         self.last_match_size = 0
         self.last_probabilities = ()
         width = self._order - 1
-        context = tokens[max(tokens.shape[0] - width, 0):].tolist()
+        context = tokens[max(tokens.shape[0] - width, 0) :].tolist()
         limit = min(self.num_tokens, max_tokens)
         contexts, min_count, min_probability = self._contexts, self.min_count, self.min_probability
         proposal: list[int] = []
@@ -349,7 +365,7 @@ class NGram(Drafter):
         offset = max(first - (self._order - 1), 0)
         window = tokens[offset:].tolist()
         # Python's min / max over a few ints beat a NumPy reduction's call overhead.
-        new = window[first - offset:]
+        new = window[first - offset :]
         if min(new) < 0 or (self._vocab_size is not None and max(new) >= self._vocab_size):
             check_ids(tokens[first:], "tokens", self._vocab_size)  # raises, with the message
         if not self.online:
@@ -357,7 +373,7 @@ class NGram(Drafter):
         add = self._add
         for position in range(first - offset, len(window)):
             for size in range(1, min(self._order - 1, position) + 1):
-                add(tuple(window[position - size:position + 1]), 1)
+                add(tuple(window[position - size : position + 1]), 1)
 
     # -- persistence ----------------------------------------------------------------
 
@@ -434,9 +450,11 @@ class NGram(Drafter):
         """
         unknown = set(options) - set(_OVERRIDABLE)
         if unknown:
-            raise TypeError(f"load() can override only {', '.join(_OVERRIDABLE)}; got "
-                            f"{', '.join(sorted(unknown))} (order and vocab_size come from "
-                            "the file: the counts depend on them)")
+            raise TypeError(
+                f"load() can override only {', '.join(_OVERRIDABLE)}; got "
+                f"{', '.join(sorted(unknown))} (order and vocab_size come from "
+                "the file: the counts depend on them)"
+            )
         path = Path(path)
 
         def bad(reason: str) -> ValueError:
@@ -455,8 +473,11 @@ class NGram(Drafter):
                 arrays = {key: data[key] for key in data.files}
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
             raise bad(f"{type(exc).__name__}: {exc}") from None
-        if "format" not in arrays or arrays["format"].shape != () \
-                or str(arrays["format"]) != _FORMAT:
+        if (
+            "format" not in arrays
+            or arrays["format"].shape != ()
+            or str(arrays["format"]) != _FORMAT
+        ):
             raise bad("missing or wrong 'format' marker")
         try:
             version = int(arrays["version"])
@@ -484,17 +505,24 @@ class NGram(Drafter):
             grams, counts = arrays.get(f"grams_{n}"), arrays.get(f"counts_{n}")
             if grams is None or counts is None:
                 raise bad(f"missing grams_{n} / counts_{n}")
-            if grams.dtype.kind not in "iu" or counts.dtype.kind not in "iu" \
-                    or grams.ndim != 2 or grams.shape[1] != n or counts.shape != grams.shape[:1]:
-                raise bad(f"grams_{n} / counts_{n} have shapes {grams.shape} / {counts.shape} "
-                          f"and dtypes {grams.dtype} / {counts.dtype}")
+            if (
+                grams.dtype.kind not in "iu"
+                or counts.dtype.kind not in "iu"
+                or grams.ndim != 2
+                or grams.shape[1] != n
+                or counts.shape != grams.shape[:1]
+            ):
+                raise bad(
+                    f"grams_{n} / counts_{n} have shapes {grams.shape} / {counts.shape} "
+                    f"and dtypes {grams.dtype} / {counts.dtype}"
+                )
             if counts.size and counts.min() < 1:
                 raise bad(f"counts_{n} holds a count below 1")
             try:
                 check_ids(grams, f"grams_{n}", drafter._vocab_size)
             except ValueError as exc:
                 raise bad(str(exc)) from None
-            for gram, count in zip(map(tuple, grams.tolist()), counts.tolist()):
+            for gram, count in zip(map(tuple, grams.tolist()), counts.tolist(), strict=False):
                 if gram in drafter._counts:
                     raise bad(f"grams_{n} holds {gram} twice")
                 drafter._add(gram, count)

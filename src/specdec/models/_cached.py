@@ -123,8 +123,10 @@ class PrefixCachedModel(abc.ABC):
 
     @abc.abstractmethod
     def _evaluate(self, seq: np.ndarray, start: int, n_rows: int) -> np.ndarray:
-        """Run the model on ``seq[start:]`` (maybe nothing) with the cache holding
-        ``seq[:start]``; return the last ``n_rows`` rows as float32 ``(1, n_rows, V)``.
+        """Run the model on ``seq[start:]`` (maybe nothing), the cache holding the rest.
+
+        The cache holds ``seq[:start]``; returns the last ``n_rows`` rows as float32
+        ``(1, n_rows, V)``.
         """
 
     def _check_fits(self, length: int) -> None:
