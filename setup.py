@@ -41,16 +41,24 @@ def _extensions():
         # linking an OpenMP runtime.  -ffp-contract=off keeps every multiply and
         # add a separate IEEE operation, as NumPy performs them in the Python twin
         # (bit-identical weights); never -ffast-math (see _kernels.h).
-        compile_args = ["-O3" if not debug else "-O0", "-fopenmp-simd", "-ffp-contract=off",
-                        "-g0" if not debug else "-g"]
+        compile_args = [
+            "-O3" if not debug else "-O0",
+            "-fopenmp-simd",
+            "-ffp-contract=off",
+            "-g0" if not debug else "-g",
+        ]
     core = Extension(
         "specdec._core",
         sources=["src/specdec/_core.pyx"],
         include_dirs=[numpy.get_include(), "src/specdec"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=compile_args,
-        depends=["src/specdec/_kernels.h", "src/specdec/_kernels.pxd",
-                 "src/specdec/_row_template.h", "src/specdec/_residual_template.h"],
+        depends=[
+            "src/specdec/_kernels.h",
+            "src/specdec/_kernels.pxd",
+            "src/specdec/_row_template.h",
+            "src/specdec/_residual_template.h",
+        ],
     )
     return cythonize([core], compiler_directives=directives, language_level=3)
 
