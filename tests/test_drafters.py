@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec import ngram as byte_ngram
+from specdec.cli import ngram_data as byte_ngram
 from specdec.drafters import Drafter, NGram, PromptLookup
 
 # derandomize: CI runs the same examples every time (SPECDEC_HYPOTHESIS_RANDOM=1

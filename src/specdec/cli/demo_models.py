@@ -224,10 +224,19 @@ def load_llama_models(target_spec: str, draft_spec: str, quiet: bool, n_ctx: int
         draft_description = f"{draft_path.name}" + (" (a second copy)" if same else "")
         info["draft_path"] = str(draft_path)
     info["load_time"] = time.perf_counter() - start
+    encode = lambda text: target.tokenize(text, add_bos=True)  # noqa: E731
+    template = target.llama.metadata.get("tokenizer.chat_template", "")
+    if "<|im_start|>" in template:  # a ChatML instruct model (SmolLM2-Instruct): one user turn
+        info["chat_template"] = "ChatML"
+
+        def encode(text):
+            turn = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+            return target.tokenize(turn, add_bos=False, special=True)
+
     return Models(
         draft,
         target,
-        lambda text: target.tokenize(text, add_bos=True),
+        encode,
         target.detokenize,
         f"target {path.name} (llama.cpp), draft {draft_description}",
         eos_token_id=target.eos_token_id,

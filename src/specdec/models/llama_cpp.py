@@ -225,7 +225,7 @@ class LlamaCppModel(PrefixCachedModel):
 
     # -- text ------------------------------------------------------------------
 
-    def tokenize(self, text: str | bytes, add_bos: bool = True) -> list[int]:
+    def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False) -> list[int]:
         """Token ids of ``text`` with the model's tokenizer.
 
         Parameters
@@ -234,6 +234,9 @@ class LlamaCppModel(PrefixCachedModel):
             Text to encode (``str`` is encoded as UTF-8).
         add_bos : bool, default True
             Whether to prepend the beginning-of-sequence token.
+        special : bool, default False
+            Whether special tokens written in the text (a chat template's
+            ``<|im_start|>``...) become their ids rather than plain text.
 
         Returns
         -------
@@ -241,7 +244,7 @@ class LlamaCppModel(PrefixCachedModel):
         """
         if isinstance(text, str):
             text = text.encode("utf-8")
-        return list(self.llama.tokenize(text, add_bos=add_bos))
+        return list(self.llama.tokenize(text, add_bos=add_bos, special=special))
 
     def detokenize(self, ids: Any) -> str:
         """Text of a sequence of token ids (invalid UTF-8 is replaced).
