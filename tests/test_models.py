@@ -34,6 +34,7 @@ import pytest
 
 import specdec
 from specdec import models
+from specdec.drafters import Chain, NGram, PromptLookup
 
 REQUIRE_MODELS = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
 
@@ -697,3 +698,46 @@ def test_llama_memory_is_stable(smol_target, smol_draft, smol_prompt):
 def test_llama_work_is_linear(smol_target, smol_draft, smol_prompt):
     info = check_linear_work(smol_draft, smol_target, smol_prompt, 256, 1.0)
     print(f"llama.cpp work for 256 tokens: {info}")
+
+
+# --- drafters with real models: greedy output is the target's greedy decoding -----------------
+
+
+def _drafters(tokenize_texts):
+    """Every drafter kind: lookup, a token n-gram (trained on token sequences), a chain."""
+    lookup = PromptLookup(num_tokens=8)
+    ngram = NGram(order=3, min_probability=0.2).fit(tokenize_texts)
+    return {"lookup": lookup, "ngram": ngram, "chain": Chain(PromptLookup(), ngram)}
+
+
+@pytest.mark.parametrize("verification", ["block", "token"])
+def test_transformers_greedy_with_drafters_equals_greedy(tiny_lms, tf_prompt, verification):
+    llama = tiny_lms[1]
+    n_new = 48
+    greedy_ids, _ = specdec.sample(
+        models.TransformersModel(llama), tf_prompt, n_new, temperature=0.0
+    )
+    # the n-gram learns from the greedy text itself, so that its drafts are often kept
+    for name, drafter in _drafters([greedy_ids[: len(tf_prompt) + 24]]).items():
+        decoder = specdec.SpeculativeDecoder(8, 0.0, verification=verification)
+        spec_ids, stats = decoder.generate(
+            drafter, models.TransformersModel(llama), tf_prompt, n_new
+        )
+        assert list(spec_ids) == list(greedy_ids), name
+    assert stats.total_draft_tokens_accepted > 0  # the chain's n-gram knows the text
+
+
+def test_llama_greedy_with_drafters_equals_batched_greedy(smollm2, smol_batched, smol_prompt):
+    # min_eval_tokens=2: every logit comes from llama.cpp's batched kernels, so the
+    # speculative and the plain greedy decodings see bit-identical logits (see the README).
+    n_new = 64
+    baseline = models.LlamaCppModel(smollm2, min_eval_tokens=2, **LLAMA_KW)
+    greedy_ids, _ = specdec.sample(baseline, smol_prompt, n_new, temperature=0.0)
+    texts = [greedy_ids[len(smol_prompt) : len(smol_prompt) + 32]]
+    for name, drafter in _drafters(texts).items():
+        smol_batched.reset()
+        spec_ids, stats = specdec.SpeculativeDecoder(10, 0.0).generate(
+            drafter, smol_batched, smol_prompt, n_new
+        )
+        assert list(spec_ids) == list(greedy_ids), name
+    assert stats.total_draft_tokens_accepted > 0  # the chain's n-gram knows the text
