@@ -56,22 +56,20 @@ def chat(user: str, system: str = SYSTEM) -> str:
 
 
 _FUNCTION = '''\
-def summarize_orders(orders):
-    totals = {}
-    for order in orders:
-        customer = order["customer"]
-        amount = order["quantity"] * order["price"]
-        if customer not in totals:
-            totals[customer] = 0.0
-        totals[customer] += amount
-    best = None
-    for customer, total in totals.items():
-        if best is None or total > totals[best]:
-            best = customer
-    report = []
-    for customer in sorted(totals):
-        report.append(f"{customer}: {totals[customer]:.2f}")
-    return best, report
+def average_word_length(text):
+    words = text.split()
+    count = 0
+    total = 0
+    for word in words:
+        clean = word.strip(".,!?;:")
+        if clean:
+            total += len(clean)
+            count += 1
+    if count == 0:
+        return 0.0
+    result = total / count
+    print("average:", result)
+    return result
 '''
 
 _CSV = """\
@@ -117,23 +115,30 @@ that we can plan the first sprint together. Best regards, Maria"""
 #: Prompts whose answers copy spans of the prompt (name -> chat prompt text).
 INPUT_GROUNDED: dict[str, str] = {
     # Asked to rename a variable, the model rewrites the function from scratch
-    # (shorter, different); asked to "repeat this code, but rename", it copies it.
+    # (three lines, different); asked to "repeat this code, but rename", it copies it
+    # (without the rename, and without the print line), then adds a sentence.
     "edit_function": chat(
         "```python\n" + _FUNCTION + "```\nRepeat this code, but rename the variable "
         "`count` to `n_words`."),
     # Comma-separated input makes it answer in HTML; with " | " separators it writes a
-    # Markdown table (header rule added, cells copied).
+    # Markdown table (header rule added, cells copied; " | " splits into other tokens
+    # next to the cells, so only about 60% of its 3-grams are the prompt's).
     "table_to_markdown": chat(
         "Format this data as a table with columns separated by |:\n\n"
         + _CSV.replace(",", " | ")),
+    # Quotes the whole text, not the second paragraph: 99% of 3-grams are the prompt's.
     "quote_passage": chat(
         "Here is a text:\n\n" + _PASSAGE + "\n\nQuote the second paragraph of the text "
         "exactly, word for word."),
+    # Copies the email with the name replaced, then praises it (about half the answer).
     "repeat_email": chat(
         "Here is an email:\n\n" + _EMAIL + "\n\nRepeat the email exactly, "
         "but replace the name Maria with Daniel."),
+    # Repeats the four items (mixing their words), then repeats them again.
     "extend_list": chat(
         "Continue this list with six more fruits, in exactly the same style:\n\n" + _LIST),
+    # Reformats the records over several lines and repeats its own first record:
+    # it reuses its own output more than the prompt (37% of 3-grams are the prompt's).
     "json_records": chat(
         "Here are two JSON records:\n\n" + _JSON + "\nWrite four more records in exactly "
         "the same format, for Carol White, Dan Brown, Eve Black and Frank Green."),
