@@ -37,10 +37,13 @@ How it measures
 * One thread everywhere (``n_threads=1`` for llama.cpp, ``torch.set_num_threads(1)``):
   with as many threads as cores, llama.cpp's OpenMP barriers stall for hundreds of
   milliseconds whenever another process takes a core of this shared 2-core machine.
-* Decoding only.  Before the clock starts, the model's cache holds the prompt except
-  its last token, for every method alike; each method evaluates that last token
-  itself and then generates.  (Prompt processing is the same batch for every method
-  and would only dilute the ratios.)
+* llama.cpp: decoding only.  Before the clock starts, the model's cache holds the
+  prompt except its last token, for every method alike; each method evaluates that
+  last token itself and then generates.  (Prompt processing is the same batch for
+  every method and would only dilute the ratios.)
+* transformers: the clock includes the prompt pass, for every method alike, because
+  Hugging Face's assisted generation (prompt lookup) mishandles a prefilled cache (it
+  processes the whole prompt again on top of it and its output goes wrong).
 * Up to ``tokens`` new tokens; generation stops at ``<|im_end|>``, which counts as a
   generated token for every method (llama-cpp-python does not report it: it is added
   back).  Speed is generated tokens over wall time.
@@ -240,6 +243,12 @@ def load_transformers(threads: int):
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
                                                      local_files_only=True,
                                                      dtype=torch.float32)
+        # The de-quantised weights are plain float32, but the model still carries the
+        # GGUF "quantizer", which refuses to save: drop it (the weights are unchanged;
+        # a reload gives bit-identical logits).
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
         try:
             model.save_pretrained(cache)
         except OSError:
@@ -300,7 +309,6 @@ class Bench:
         self.llama = self.target = self.target_min2 = None
         self.hf_model = self.hf_target = None
         self._ngram = None
-        self._hf_prefill: dict = {}
         path = models.smollm2_path()
         if "llama" in backends:
             # One Llama serves every llama.cpp kind (the adapters and llama-cpp-python
@@ -369,69 +377,74 @@ class Bench:
         # find the whole prompt cached without a fresh evaluation.
         self.target.forward(np.asarray([prompt[:-1]]), logits_to_keep=1)
 
-    def _prefill_hf_cache(self, name: str, prompt: list[int]):
-        import torch
-
-        if name not in self._hf_prefill:
-            cache = self.hf_target._new_cache()
-            with torch.inference_mode():
-                self.hf_model(torch.tensor([prompt[:-1]]), past_key_values=cache,
-                              use_cache=True, logits_to_keep=1)
-            self._hf_prefill = {name: cache}  # one prompt's cache at a time
-        return copy.deepcopy(self._hf_prefill[name])
-
     # -- runs -------------------------------------------------------------------------------
 
-    def run(self, backend: str, set_name: str, name: str, temperature: float, kind: str,
-            repeat: int, tokens: int | None = None) -> Record:
-        """One timed generation (the prefill is done first, outside the clock)."""
+    def prepare(self, backend: str, set_name: str, name: str, temperature: float, kind: str,
+                repeat: int, tokens: int | None = None):
+        """Set one run up (prefill, drafters, decoder) and return ``(record, go)``.
+
+        ``go()`` is the timed part: it generates, times itself into ``record.seconds``
+        and fills the rest of ``record``.
+        """
         prompt = self.prompt_ids[name]
         n = tokens or self.config.tokens
         record = Record(backend, set_name, name, temperature, kind, repeat)
         seed = repeat
-        if backend == "llama":
-            if kind in ("lcpp", "lcpp-lookup"):
-                self._run_lcpp(record, prompt, n, temperature, seed)
-            else:
-                target = self.target_min2 if kind.endswith("-min2") else self.target
-                self._prefill_llama(prompt)
-                self._run_specdec(record, target, prompt, n, temperature, seed)
+        if backend == "llama" and kind in ("lcpp", "lcpp-lookup"):
+            body, finish = self._lcpp(record, prompt, n, temperature, seed)
+        elif backend == "llama":
+            target = self.target_min2 if kind.endswith("-min2") else self.target
+            self._prefill_llama(prompt)
+            body, finish = self._specdec(record, target, prompt, n, temperature, seed)
+        elif kind in ("hf", "hf-lookup"):
+            body, finish = self._hf(record, prompt, n, temperature, seed)
         else:
-            if kind in ("hf", "hf-lookup"):
-                self._run_hf(record, name, prompt, n, temperature, seed)
-            else:
-                self.hf_target.forward(np.asarray([prompt[:-1]]), logits_to_keep=1)
-                self._run_specdec(record, self.hf_target, prompt, n, temperature, seed)
-        if record.output and record.output[-1] == EOS:
-            record.text = self._detokenize(record.output[:-1])
-        elif record.output:
-            record.text = self._detokenize(record.output)
-        return record
+            self.hf_target.reset()  # as for model.generate: the prompt pass is timed
+            body, finish = self._specdec(record, self.hf_target, prompt, n, temperature, seed)
 
-    def _run_specdec(self, record, target, prompt, n, temperature, seed):
-        kind = record.kind
-        if kind.startswith("sample"):
+        def go():
             start = time.perf_counter()
-            ids, stats = specdec.sample(target, prompt, n, EOS, temperature=temperature,
-                                        seed=seed)
+            result = body()
             record.seconds = time.perf_counter() - start
+            finish(result)
+            if record.output:
+                ids = record.output[:-1] if record.output[-1] == EOS else record.output
+                record.text = self._detokenize(ids)
+            return record
+
+        return record, go
+
+    def run(self, *args, **kwargs) -> Record:
+        """One timed generation: :meth:`prepare` (untimed), then its ``go()``."""
+        return self.prepare(*args, **kwargs)[1]()
+
+    def _specdec(self, record, target, prompt, n, temperature, seed):
+        if record.kind.startswith("sample"):
+            def body():
+                return specdec.sample(target, prompt, n, EOS, temperature=temperature,
+                                      seed=seed)
         else:
-            drafter = self.drafter(kind)
-            decoder = self.decoder(kind, temperature)
-            start = time.perf_counter()
-            ids, stats = decoder.generate(drafter, target, prompt, n, EOS, rng=seed)
-            record.seconds = time.perf_counter() - start
-        record.output = ids[len(prompt):]
-        record.tokens = len(record.output)
-        _from_stats(record, stats)
+            drafter = self.drafter(record.kind)
+            decoder = self.decoder(record.kind, temperature)
 
-    def _run_lcpp(self, record, prompt, n, temperature, seed):
+            def body():
+                return decoder.generate(drafter, target, prompt, n, EOS, rng=seed)
+
+        def finish(result):
+            ids, stats = result
+            record.output = ids[len(prompt):]
+            record.tokens = len(record.output)
+            _from_stats(record, stats)
+
+        return body, finish
+
+    def _lcpp(self, record, prompt, n, temperature, seed):
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         llama = self.llama
         self._prefill_llama(prompt)
-        llama.draft_model = (LlamaPromptLookupDecoding(num_pred_tokens=PEER_LOOKUP_TOKENS)
-                             if record.kind == "lcpp-lookup" else None)
+        draft = (LlamaPromptLookupDecoding(num_pred_tokens=PEER_LOOKUP_TOKENS)
+                 if record.kind == "lcpp-lookup" else None)
         # Count its passes and evaluated tokens: every evaluation goes through eval().
         counts = [0, 0]
         evaluate = llama.eval
@@ -441,35 +454,37 @@ class Bench:
             counts[1] += len(tokens)
             return evaluate(tokens)
 
-        llama.eval = counting_eval
         sampling = (dict(temperature=0.0) if temperature == 0 else
                     dict(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0))
-        try:
-            start = time.perf_counter()
-            result = llama.create_completion(prompt, max_tokens=n, seed=seed,
-                                             repeat_penalty=1.0, **sampling)
-            record.seconds = time.perf_counter() - start
-        finally:
-            del llama.eval  # back to the class's method
-            llama.draft_model = None
-        choice = result["choices"][0]
-        stopped = choice["finish_reason"] == "stop"
-        record.tokens = result["usage"]["completion_tokens"] + int(stopped)
-        record.text = choice["text"]
-        record.passes = counts[0]
-        # A pass evaluates the last sampled token plus the drafts; it emits the kept
-        # drafts plus one sampled token (the final pass's token may be EOS, never
-        # evaluated).
-        record.drafted = counts[1] - counts[0]
-        record.kept = max(record.tokens - counts[0], 0)
-        record.output = []
 
-    def _run_hf(self, record, name, prompt, n, temperature, seed):
+        def body():
+            llama.draft_model = draft
+            llama.eval = counting_eval
+            try:
+                return llama.create_completion(prompt, max_tokens=n, seed=seed,
+                                               repeat_penalty=1.0, **sampling)
+            finally:
+                del llama.eval  # back to the class's method
+                llama.draft_model = None
+
+        def finish(result):
+            choice = result["choices"][0]
+            stopped = choice["finish_reason"] == "stop"
+            record.tokens = result["usage"]["completion_tokens"] + int(stopped)
+            record.text = choice["text"]
+            record.passes = counts[0]
+            # A pass evaluates the last sampled token plus the drafts; it emits the kept
+            # drafts plus one sampled token (the last one, maybe EOS, is never evaluated).
+            record.drafted = counts[1] - counts[0]
+            record.kept = max(record.tokens - counts[0], 0)
+
+        return body, finish
+
+    def _hf(self, record, prompt, n, temperature, seed):
         import torch
 
         model = self.hf_model
         ids = torch.tensor([prompt])
-        cache = self._prefill_hf_cache(name, prompt)
         counts = [0, 0]
 
         def count(module, args, kwargs):
@@ -477,28 +492,37 @@ class Bench:
             input_ids = kwargs.get("input_ids", args[0] if args else None)
             counts[1] += int(input_ids.shape[1]) if input_ids is not None else 0
 
+        # No prefilled cache here: assisted generation (prompt lookup) ignores the
+        # cache it is given and processes the whole prompt again on top of it, which
+        # gives wrong outputs (transformers 5.24), so every transformers run starts
+        # from an empty cache and its clock includes the prompt pass.
         options = dict(max_new_tokens=n, eos_token_id=EOS, pad_token_id=EOS,
-                       attention_mask=torch.ones_like(ids), past_key_values=cache)
+                       attention_mask=torch.ones_like(ids))
         if temperature == 0:
             options.update(do_sample=False)
         else:
             options.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
         if record.kind == "hf-lookup":
             options.update(prompt_lookup_num_tokens=PEER_LOOKUP_TOKENS)
-        torch.manual_seed(seed)
-        handle = model.register_forward_pre_hook(count, with_kwargs=True)
-        try:
-            start = time.perf_counter()
-            with torch.inference_mode():
-                out = model.generate(ids, **options)
-            record.seconds = time.perf_counter() - start
-        finally:
-            handle.remove()
-        record.output = out[0, len(prompt):].tolist()
-        record.tokens = len(record.output)
-        record.passes = counts[0]
-        record.drafted = counts[1] - counts[0]
-        record.kept = max(record.tokens - counts[0], 0)
+
+        def body():
+            torch.manual_seed(seed)
+            handle = model.register_forward_pre_hook(count, with_kwargs=True)
+            try:
+                with torch.inference_mode():
+                    return model.generate(ids, **options)
+            finally:
+                handle.remove()
+
+        def finish(out):
+            record.output = out[0, len(prompt):].tolist()
+            record.tokens = len(record.output)
+            record.passes = counts[0]
+            # The first pass also evaluates the prompt's first L - 1 tokens.
+            record.drafted = counts[1] - counts[0] - (len(prompt) - 1)
+            record.kept = max(record.tokens - counts[0], 0)
+
+        return body, finish
 
     def warm_up(self, backend: str) -> None:
         """Fault the weights in and run every code path once, untimed."""
@@ -685,6 +709,79 @@ def markdown(records: list[Record], config: Config, meta: dict) -> str:
     return "\n".join(lines)
 
 
+# --- pytest-benchmark ----------------------------------------------------------------------------
+
+def _params():
+    config = Config()
+    for backend in config.backends:
+        for temperature in config.temperatures:
+            for set_name, name, _ in config.prompt_items():
+                for kind in config.kinds_for(backend, temperature):
+                    yield backend, temperature, set_name, name, kind
+
+
+_SESSION: dict = {}
+
+
+def _session_bench(backend: str):
+    """The shared :class:`Bench` (every available backend loaded once), warmed up."""
+    if "bench" not in _SESSION:
+        config = Config()
+        available = [b for b in config.backends
+                     if not (llama_available() if b == "llama" else transformers_available())]
+        _SESSION["bench"] = Bench(config, available) if available else None
+        _SESSION["warm"] = set()
+    bench = _SESSION["bench"]
+    if bench is not None and backend in bench.backends and backend not in _SESSION["warm"]:
+        bench.warm_up(backend)
+        _SESSION["warm"].add(backend)
+    return bench
+
+
+try:
+    import pytest
+except ImportError:  # the script mode does not need pytest
+    pytest = None
+
+if pytest is not None:
+    @pytest.mark.benchmark(group="end-to-end")
+    @pytest.mark.parametrize(
+        "backend,temperature,set_name,prompt,kind",
+        [pytest.param(*p, id=f"{p[0]}-T{p[1]}-{p[3]}-{p[4]}") for p in _params()])
+    def test_end_to_end(benchmark, backend, temperature, set_name, prompt, kind):
+        """One (backend, temperature, prompt, run kind) cell: ``repeats`` timed rounds.
+
+        Each round is one generation (prefill and drafter set-up in the untimed
+        ``setup``); the records go to ``extra_info["records"]``, from which
+        ``python bench/bench_end_to_end.py --from-json FILE`` makes the tables.
+        """
+        why = llama_available() if backend == "llama" else transformers_available()
+        if why:
+            pytest.skip(why)
+        why = kind_skipped(kind)
+        if why:
+            pytest.skip(why)
+        bench = _session_bench(backend)
+        records = []
+        repeats = iter(range(bench.config.repeats))
+
+        def setup():
+            record, go = bench.prepare(backend, set_name, prompt, temperature, kind,
+                                       next(repeats))
+            records.append(record)
+            return (go,), {}
+
+        benchmark.pedantic(lambda go: go(), setup=setup, rounds=bench.config.repeats,
+                           iterations=1)
+        speeds = [r.tokens_per_second for r in records]
+        benchmark.extra_info.update(
+            backend=backend, temperature=temperature, set=set_name, prompt=prompt, kind=kind,
+            tokens_per_second=statistics.median(speeds),
+            tokens_per_pass=(sum(r.tokens for r in records)
+                             / max(sum(r.passes for r in records), 1)),
+            records=[asdict(r) for r in records], config=asdict(bench.config), load=_load())
+
+
 # --- the script ----------------------------------------------------------------------------------
 
 def _load() -> str:
@@ -794,8 +891,17 @@ def main(argv=None) -> int:
         config.kinds = args.kinds.split(",")
     if args.from_json:
         data = json.loads(Path(args.from_json).read_text())
-        records = [Record(**r) for r in data["records"]]
-        print(markdown(records, Config(**data["meta"]["config"]), data["meta"]))
+        if "benchmarks" in data:  # pytest-benchmark's JSON
+            extras = [b["extra_info"] for b in data["benchmarks"] if "records" in b["extra_info"]]
+            records = [Record(**r) for extra in extras for r in extra["records"]]
+            meta = {"config": extras[0]["config"] if extras else asdict(config),
+                    "load_before": extras[0].get("load") if extras else None,
+                    "load_after": extras[-1].get("load") if extras else None,
+                    "threads_note": "from pytest-benchmark JSON"}
+        else:
+            records = [Record(**r) for r in data["records"]]
+            meta = data["meta"]
+        print(markdown(records, Config(**meta["config"]), meta))
         return 0
     if args.show_outputs:
         show_outputs(config)
