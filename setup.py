@@ -37,7 +37,7 @@ def _extensions():
     if sys.platform == "win32":
         compile_args = ["/O2" if not debug else "/Od"]
     else:
-        # -fopenmp-simd honours the reduction pragmas in _kernels_*.h without
+        # -fopenmp-simd honours the reduction pragmas in the kernel headers without
         # linking an OpenMP runtime.  -ffp-contract=off keeps every multiply and
         # add a separate IEEE operation, as NumPy performs them in the Python twin
         # (bit-identical weights); never -ffast-math (see _kernels.h).
@@ -49,8 +49,8 @@ def _extensions():
         include_dirs=[numpy.get_include(), "src/specdec"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=compile_args,
-        depends=["src/specdec/_kernels.h", "src/specdec/_kernels_row.h",
-                 "src/specdec/_kernels_residual.h"],
+        depends=["src/specdec/_kernels.h", "src/specdec/_kernels.pxd",
+                 "src/specdec/_row_template.h", "src/specdec/_residual_template.h"],
     )
     return cythonize([core], compiler_directives=directives, language_level=3)
 

@@ -34,12 +34,14 @@ import pytest
 
 from conftest import SEED, kernels_or_fail
 
+from specdec._common import LAW_DTYPE
+from specdec._validation import SamplingControls
+
 VOCAB_SIZES = (32_000, 128_256)
 DTYPES = ("float32", "float64")
 BACKENDS = ("python", "cython")
 GAMMA = 4
-# temperature, top_k, top_p, min_p: plain sampling
-CONTROLS = (1.0, 0, 1.0, 0.0)
+CONTROLS = SamplingControls(1.0)  # temperature 1, no top-k / top-p / min-p
 
 
 def _info(benchmark, op, case, impl, vocab_size, dtype, rows):
@@ -61,10 +63,10 @@ def test_sample_token(benchmark, vocab_size, dtype, backend):
     kernels = kernels_or_fail(backend)
     rng = np.random.default_rng(SEED)
     row = _logits(rng, 1, vocab_size, dtype)[0]
-    law, weights = np.zeros(4), np.empty(vocab_size, dtype=dtype)
+    law, weights = np.zeros(1, LAW_DTYPE), np.empty(vocab_size, dtype=dtype)
     work = kernels.Workspace(vocab_size)
     _info(benchmark, "sample_token", "plain", backend, vocab_size, dtype, 1)
-    benchmark(kernels.sample_token, row, *CONTROLS, rng, law, weights, work)
+    benchmark(kernels.sample_token, row, CONTROLS, rng, law, weights, work)
 
 
 def _verify_inputs(kernels, vocab_size, dtype, case):
@@ -73,11 +75,12 @@ def _verify_inputs(kernels, vocab_size, dtype, case):
     draft_rows = _logits(rng, GAMMA, vocab_size, dtype)
     target_rows = _logits(rng, GAMMA + 1, vocab_size, dtype)
     work = kernels.Workspace(vocab_size)
-    laws = np.zeros((GAMMA, 4))
+    laws = np.zeros(GAMMA, LAW_DTYPE)
     weights = np.empty((GAMMA, vocab_size), dtype=dtype)
     tokens = np.empty(GAMMA, dtype=np.int64)
     for i in range(GAMMA):
-        tokens[i] = kernels.sample_token(draft_rows[i], *CONTROLS, rng, laws[i], weights[i], work)
+        tokens[i] = kernels.sample_token(draft_rows[i], CONTROLS, rng, laws[i:i + 1], weights[i],
+                                         work)
     if case == "all-accepted":
         target_rows[:GAMMA] = draft_rows
         expected = GAMMA
@@ -88,7 +91,7 @@ def _verify_inputs(kernels, vocab_size, dtype, case):
         target_rows[0] = draft_rows[0]
         target_rows[0, tokens[0]] -= 40.0
         expected = 0
-    n_accepted, token = kernels.verify(target_rows, weights, tokens, laws, True, *CONTROLS,
+    n_accepted, token = kernels.verify(target_rows, tokens, weights, laws, True, CONTROLS,
                                        rng, work)
     if n_accepted != expected or token < 0:
         raise AssertionError(f"verify setup for {case!r} gave {(n_accepted, token)}")
@@ -104,7 +107,7 @@ def test_verify(benchmark, vocab_size, dtype, backend, case):
     rows, weights, tokens, laws, rng, work = _verify_inputs(kernels, vocab_size, dtype, case)
     _info(benchmark, "verify", case, backend, vocab_size, dtype,
           GAMMA + 1 if case == "all-accepted" else 1)
-    benchmark(kernels.verify, rows, weights, tokens, laws, True, *CONTROLS, rng, work)
+    benchmark(kernels.verify, rows, tokens, weights, laws, True, CONTROLS, rng, work)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

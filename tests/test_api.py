@@ -233,8 +233,11 @@ def test_returns_a_list_of_python_ints_with_the_prompt(backend, prompt):
     assert isinstance(stats, SpeculativeDecodingStats)
     for f in dataclasses.fields(stats):
         value = getattr(stats, f.name)
-        assert type(value) in (int, float, list), (f.name, type(value))
+        assert type(value) in (int, float, list, dict), (f.name, type(value))
     assert all(type(h) is int for h in stats.accepted_length_histogram)
+    assert all(type(h) is int for h in stats.draft_length_histogram)
+    assert all(type(n) is int for counts in stats.drafts_by_source.values()
+               for n in counts.values())
 
 
 def test_prompt_is_not_modified(backend):
@@ -590,8 +593,8 @@ def test_reference_and_specdec_accept_everything_with_identical_models(reference
         model = ContextModel(6, seed=seed, scale=1.0)
         np.random.seed(seed)
         ref_ids, ref_stats = reference.SpeculativeDecoder(4, 1.0).generate(model, model, [1], 21)
-        ids, stats = SpeculativeDecoder(4, 1.0, backend=backend).generate(model, model, [1], 21,
-                                                                          rng=seed)
+        ids, stats = SpeculativeDecoder(4, 1.0, verification="token", backend=backend).generate(
+            model, model, [1], 21, rng=seed)
         for s, n in ((ref_stats, len(ref_ids)), (stats, len(ids))):
             assert s.acceptance_rate == 1.0 and n == 22
         # no rejections: 21 tokens = 4 passes of 4 + bonus, then 1 drafted token
@@ -610,7 +613,8 @@ def test_forced_outcome_matches_the_reference(reference, backend, gamma, eos, ma
         draft, target = ForcedModel(7, draft_rule, dtype), ForcedModel(7, target_rule, dtype)
         ref_ids, ref_stats = reference.SpeculativeDecoder(gamma, 1.0).generate(
             draft, target, [2, 5], max_new_tokens, eos)
-        ids, stats = SpeculativeDecoder(gamma, 1.0, backend=backend).generate(
+        ids, stats = SpeculativeDecoder(gamma, 1.0, verification="token",
+                                        backend=backend).generate(
             draft, target, [2, 5], max_new_tokens, eos, rng=0)
         assert ids == ref_ids
         assert dataclasses.astuple(ref_stats) == counts_of(stats)[:4]
@@ -637,8 +641,8 @@ def test_greedy_matches_the_references_near_greedy(reference, backend, gamma,
         np.random.seed(seed)
         ref_ids, ref_stats = reference.SpeculativeDecoder(gamma, 0.0).generate(
             draft, target, [0, 1], 24, 5)
-        ids, stats = SpeculativeDecoder(gamma, 0.0, backend=backend).generate(
-            draft, target, [0, 1], 24, 5)
+        ids, stats = SpeculativeDecoder(gamma, 0.0, verification="token",
+                                        backend=backend).generate(draft, target, [0, 1], 24, 5)
         assert ids == ref_ids
         assert dataclasses.astuple(ref_stats) == counts_of(stats)[:4]
 

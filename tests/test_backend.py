@@ -53,5 +53,5 @@ def test_both_kernel_modules_expose_the_same_functions():
         pytest.skip("the compiled core is not part of a pure-Python install")
     from specdec import _core, _fallback
 
-    for name in ("Workspace", "sample_token", "verify"):
+    for name in ("Workspace", "sample_token", "row_laws", "verify"):
         assert callable(getattr(_core, name)) and callable(getattr(_fallback, name))

@@ -48,6 +48,7 @@ import pytest
 
 import specdec
 from specdec._backend import kernels_for
+from specdec._validation import SamplingControls
 from toymodels import (ContextModel, SparseVocabModel, enumerate_joint_law, new_tokens,
                        pooled_chisquare, reachable_rows, warped_probs)
 
@@ -329,13 +330,14 @@ def test_no_token_outside_the_warped_support(backend, config):
 def _target_unwarped(kernels):
     """A wrong verify: scores the target with the temperature only, no top-k/top-p/min-p
     (the drafts were still drawn with them).  Relies on verify's positional signature:
-    (..., bonus, temperature, top_k, top_p, min_p, rng, work)."""
+    (..., bonus, controls, rng, work, ...)."""
     real_verify = kernels.verify
 
-    def verify(target_rows, draft_x, draft_tokens, draft_laws, bonus, temperature, top_k,
-               top_p, min_p, rng, work):
-        return real_verify(target_rows, draft_x, draft_tokens, draft_laws, bonus,
-                           temperature, 0, 1.0, 0.0, rng, work)
+    def verify(target_rows, draft_tokens, draft_weights, draft_laws, bonus, controls, *rest,
+               **options):
+        unwarped = SamplingControls(temperature=controls.temperature)
+        return real_verify(target_rows, draft_tokens, draft_weights, draft_laws, bonus,
+                           unwarped, *rest, **options)
 
     return verify
 

@@ -278,15 +278,15 @@ def test_draft_whose_dtype_changes_between_calls(backend):
 
 
 # The wrong samplers wrap the backend's own ``verify`` kernel and rely only on its
-# positional signature (target rows, draft rows or weights, draft tokens, draft laws,
-# bonus, then the controls, the generator and the workspace): a plain draw from the
-# target's warped law of one row is ``verify`` of that row with no draft at all.
+# positional signature (target rows, draft tokens, draft weights, draft laws, bonus,
+# then the controls, the generator, the workspace and the scheme): a plain draw from
+# the target's warped law of one row is ``verify`` of that row with no draft at all.
 
 
-def _draw_from_row(real_verify, target_rows, i, draft_x, draft_tokens, draft_laws, rest):
+def _draw_from_row(real_verify, target_rows, i, draft_tokens, rest, options):
     """A token from the target's (warped) law of row ``i``: verify with zero drafts."""
-    _, token = real_verify(target_rows[i:i + 1], draft_x[:0], draft_tokens[:0],
-                           draft_laws[:0], True, *rest)
+    _, token = real_verify(target_rows[i:i + 1], draft_tokens[:0], None, None, True, *rest,
+                           **options)
     return token
 
 
@@ -294,12 +294,11 @@ def _keep_every_draft(kernels):
     """A wrong verify: keeps every draft token, then draws the bonus from the target."""
     real_verify = kernels.verify
 
-    def verify(target_rows, draft_x, draft_tokens, draft_laws, bonus, *rest):
+    def verify(target_rows, draft_tokens, draft_weights, draft_laws, bonus, *rest, **options):
         n = len(draft_tokens)
         if not bonus:
             return n, -1
-        return n, _draw_from_row(real_verify, target_rows, n, draft_x, draft_tokens,
-                                 draft_laws, rest)
+        return n, _draw_from_row(real_verify, target_rows, n, draft_tokens, rest, options)
 
     return verify
 
@@ -308,12 +307,12 @@ def _residual_from_p(kernels):
     """A wrong verify: after a rejection, draws from p instead of norm(max(0, p - q))."""
     real_verify = kernels.verify
 
-    def verify(target_rows, draft_x, draft_tokens, draft_laws, bonus, *rest):
-        n_accepted, token = real_verify(target_rows, draft_x, draft_tokens, draft_laws,
-                                        bonus, *rest)
+    def verify(target_rows, draft_tokens, draft_weights, draft_laws, bonus, *rest, **options):
+        n_accepted, token = real_verify(target_rows, draft_tokens, draft_weights, draft_laws,
+                                        bonus, *rest, **options)
         if n_accepted < len(draft_tokens):
-            token = _draw_from_row(real_verify, target_rows, n_accepted, draft_x,
-                                   draft_tokens, draft_laws, rest)
+            token = _draw_from_row(real_verify, target_rows, n_accepted, draft_tokens, rest,
+                                   options)
         return n_accepted, token
 
     return verify

@@ -187,12 +187,13 @@ def test_comparison_detects_a_wrong_greedy_sampler(backend, monkeypatch):
     kernels = kernels_for(backend)
     real_verify = kernels.verify
 
-    def keep_every_draft(target_rows, draft_x, draft_tokens, draft_laws, bonus, *rest):
+    def keep_every_draft(target_rows, draft_tokens, draft_weights, draft_laws, bonus, *rest,
+                         **options):
         n = len(draft_tokens)
         if not bonus:
             return n, -1
-        _, token = real_verify(target_rows[n:], draft_x[:0], draft_tokens[:0],
-                               draft_laws[:0], True, *rest)
+        _, token = real_verify(target_rows[n:], draft_tokens[:0], None, None, True, *rest,
+                               **options)
         return n, token
 
     monkeypatch.setattr(kernels, "verify", keep_every_draft)

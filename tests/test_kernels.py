@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import astuple
 
 import numpy as np
 import pytest
@@ -33,8 +34,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec._backend import available_backends, kernels_for
-from specdec._common import (ALL_MASKED_LOGITS, NONFINITE_LOGITS, SHIFT_LIMIT,
+from specdec._common import (ALL_MASKED_LOGITS, LAW_DTYPE, NONFINITE_LOGITS, SHIFT_LIMIT,
                              InvalidLogitsError)
+from specdec._validation import SamplingControls
 from toymodels import ContextModel, same_state
 
 # derandomize: CI runs the same examples every time (a deep run can set
@@ -155,9 +157,10 @@ def sample_cases(draw):
 
 def run_sample(kernels, row, temperature, top_k, top_p, min_p, seed):
     rng = np.random.default_rng(seed)
-    law = np.full(4, np.nan)
+    law = np.full(1, np.nan, LAW_DTYPE)
     weights = np.zeros(len(row), dtype=row.dtype)
-    token = kernels.sample_token(row, temperature, top_k, top_p, min_p, rng, law, weights,
+    token = kernels.sample_token(row, SamplingControls(temperature, top_k, top_p, min_p), rng,
+                                 law, weights,
                                  kernels.Workspace(len(row)))
     return token, law, weights, rng.bit_generator.state
 
@@ -177,13 +180,14 @@ def test_sample_token_properties(kernels, case):
         assert token == int(np.flatnonzero(row == row.max())[0])
         assert same_state(state, np.random.default_rng(seed).bit_generator.state)  # no draw
     else:
-        assert weights[token] > 0 and law[3] > 0
-        # law[0] is the shift of the weights: the maximum, or without controls the
+        assert weights[token] > 0 and law["total"] > 0
+        # law["shift"] is the shift of the weights: the maximum, or without controls the
         # first block's maximum when the row's own is within SHIFT_LIMIT of it
-        assert law[0] in row and law[0] <= row.max()
-        assert (float(row.max()) - law[0]) / temperature <= SHIFT_LIMIT
+        shift = float(law["shift"][0])
+        assert shift in row and shift <= row.max()
+        assert (float(row.max()) - shift) / temperature <= SHIFT_LIMIT
         if top_k or top_p < 1 or min_p > 0:
-            assert law[0] == row.max()
+            assert shift == row.max()
     twin = twin_of(kernels)
     if twin is not None:
         other, other_law, other_weights, other_state = run_sample(twin, row, temperature, top_k,
@@ -191,7 +195,9 @@ def test_sample_token_properties(kernels, case):
         assert token == other
         assert same_state(state, other_state)
         if temperature > 0:
-            assert np.allclose(law, other_law, rtol=1e-12, atol=0)
+            assert np.allclose(law["total"], other_law["total"], rtol=1e-12, atol=0)
+            for field in ("shift", "tau", "zmin"):
+                assert np.array_equal(law[field], other_law[field])
             assert np.array_equal(weights > 0, other_weights > 0)
 
 
@@ -204,7 +210,7 @@ def test_sample_token_only_masks_nothing_when_controls_are_off(kernels, row, see
     z = (row - row.max()).astype(np.float64)  # in the row's type, as the kernels
     lowest = -87.0 if row.dtype == np.float32 else -708.0
     assert np.array_equal(weights > 0, z >= lowest)
-    assert law[1] == -np.inf and law[2] == -np.inf
+    assert law["tau"] == -np.inf and law["zmin"] == -np.inf
 
 
 @settings(max_examples=examples(40), **SETTINGS)
@@ -225,7 +231,8 @@ def test_uniform_row_draws_every_token(kernels):
         for temperature in (1.0, 1e-3):
             row = np.full(7, value)
             rng = np.random.default_rng(0)
-            seen = {kernels.sample_token(row, temperature, 0, 1.0, 0.0, rng, np.zeros(4),
+            seen = {kernels.sample_token(row, SamplingControls(temperature), rng,
+                                         np.zeros(1, LAW_DTYPE),
                                          np.zeros(7), kernels.Workspace(7)) for _ in range(300)}
             assert seen == set(range(7)), (value, temperature)
 
@@ -253,7 +260,8 @@ def verify_cases(draw):
     return dict(target=target.astype(dtype_t), draft=draft.astype(dtype_d),
                 temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                 arbitrary_tokens=arbitrary, relation=relation, bonus=draw(st.booleans()),
-                seed=draw(st.integers(0, 2**63)))
+                seed=draw(st.integers(0, 2**63)), block=draw(st.booleans()),
+                one_hot=draw(st.booleans()))
 
 
 def make_drafts(kernels, case):
@@ -261,13 +269,13 @@ def make_drafts(kernels, case):
     weights (or arbitrary tokens, whose q may be 0)."""
     draft, vocab = case["draft"], case["target"].shape[1]
     n = len(draft)
-    controls = (case["temperature"], case["top_k"], case["top_p"], case["min_p"])
-    laws = np.zeros((n, 4))
+    controls = SamplingControls(case["temperature"], case["top_k"], case["top_p"], case["min_p"])
+    laws = np.zeros(n, LAW_DTYPE)
     weights = np.zeros((n, vocab), dtype=draft.dtype)
     tokens = np.zeros(n, dtype=np.int64)
     rng = np.random.default_rng(case["seed"] ^ 0x5EED)
     for i in range(n):
-        tokens[i] = kernels.sample_token(draft[i], *controls, rng, laws[i], weights[i],
+        tokens[i] = kernels.sample_token(draft[i], controls, rng, laws[i:i + 1], weights[i],
                                          kernels.Workspace(vocab))
     if case["arbitrary_tokens"]:
         tokens = np.random.default_rng(case["seed"]).integers(0, vocab, size=n)
@@ -277,46 +285,56 @@ def make_drafts(kernels, case):
 @settings(max_examples=examples(250), **SETTINGS)
 @given(case=verify_cases())
 def test_verify_properties(kernels, case):
+    """Both schemes (``block``), drafts from a model or one-hot (a deterministic drafter
+    proposing the same tokens)."""
     target, vocab = case["target"], case["target"].shape[1]
     n = len(case["draft"])
     tokens, laws, weights, controls = make_drafts(kernels, case)
+    if case["one_hot"]:
+        laws = weights = None
     rng = np.random.default_rng(case["seed"])
-    n_accepted, token = kernels.verify(target, weights, tokens, laws, case["bonus"], *controls,
-                                       rng, kernels.Workspace(vocab))
+    n_accepted, token = kernels.verify(target, tokens, weights, laws, case["bonus"], controls,
+                                       rng, kernels.Workspace(vocab), case["block"])
     assert type(n_accepted) is int and type(token) is int
     assert 0 <= n_accepted <= n
     if n_accepted == n and not case["bonus"]:
         assert token == -1
     else:
         assert 0 <= token < vocab
-        assert possible(target[n_accepted], *controls)[token]
-    temperature = controls[0]
+        assert possible(target[n_accepted], *astuple(controls))[token]
+    temperature = controls.temperature
     if temperature == 0:
         best = [int(np.flatnonzero(r == r.max())[0]) for r in target]
         expected = next((i for i in range(n) if tokens[i] != best[i]), n)
         assert n_accepted == expected
         if token >= 0:
             assert token == best[n_accepted]
-    elif case["relation"] == "same" and not case["arbitrary_tokens"]:
-        assert n_accepted == n  # p == q at every draft: u * q < p always holds
-    if temperature > 0 and n_accepted < n:
+    elif case["relation"] == "same" and not case["arbitrary_tokens"] and not case["one_hot"]:
+        assert n_accepted == n  # p == q at every draft: every ratio and h is 1
+    if temperature > 0 and n_accepted < n and case["one_hot"]:
+        # the residual is p without the rejected draft (unless that leaves nothing)
+        others = possible(target[n_accepted], *astuple(controls))
+        others[tokens[n_accepted]] = False
+        assert token != tokens[n_accepted] or not others.any()
+    if temperature > 0 and n_accepted < n and not case["one_hot"]:
         # the rejected draft x had p(x) <= u q(x) < q(x): the residual has no mass at x
-        # (unless it is empty in floating point and the kernels fall back on p)
-        p_law, p_weights = np.zeros(4), np.zeros(vocab, dtype=target.dtype)
+        # (unless it is empty in floating point and the kernels fall back on p).  For
+        # block verification the residual max(0, p_tau p - q) lies inside max(0, p - q).
+        p_law, p_weights = np.zeros(1, LAW_DTYPE), np.zeros(vocab, dtype=target.dtype)
         twin = kernels_for("python")
-        twin.sample_token(target[n_accepted], *controls, np.random.default_rng(0), p_law,
+        twin.sample_token(target[n_accepted], controls, np.random.default_rng(0), p_law,
                           p_weights, twin.Workspace(vocab))
         # as the kernels do it: weight times the reciprocal of the total
-        p = p_weights.astype(np.float64) * (1.0 / p_law[3])
-        q = weights[n_accepted].astype(np.float64) * (1.0 / laws[n_accepted, 3])
+        p = p_weights.astype(np.float64) * (1.0 / p_law["total"][0])
+        q = weights[n_accepted].astype(np.float64) * (1.0 / laws["total"][n_accepted])
         if np.where(p > q, p - q, 0.0).sum() > 0:
             assert p[token] > q[token]
             assert token != tokens[n_accepted] or q[token] == 0
     twin = twin_of(kernels)
     if twin is not None:
         other_rng = np.random.default_rng(case["seed"])
-        assert twin.verify(target, weights, tokens, laws, case["bonus"], *controls, other_rng,
-                           twin.Workspace(vocab)) == (n_accepted, token)
+        assert twin.verify(target, tokens, weights, laws, case["bonus"], controls, other_rng,
+                           twin.Workspace(vocab), case["block"]) == (n_accepted, token)
         assert same_state(rng.bit_generator.state, other_rng.bit_generator.state)
 
 
@@ -369,7 +387,7 @@ def test_verify_rejects_the_row_it_reaches(kernels, vocab, n, data, how, dtype, 
     tokens, laws, weights, controls = make_drafts(kernels, case)
     target[bad_index] = spoil(target[bad_index], how, int(rng.integers(vocab)))
     with pytest.raises(InvalidLogitsError) as info:
-        kernels.verify(target, weights, tokens, laws, True, *controls, rng,
+        kernels.verify(target, tokens, weights, laws, True, controls, rng,
                        kernels.Workspace(vocab))
     assert info.value.row == bad_index and info.value.code == CODES[how]
 
@@ -386,17 +404,18 @@ def test_workspace_rejects_an_empty_vocabulary(kernels, vocab_size):
 def test_workspace_of_one(kernels):
     work = kernels.Workspace(1)
     assert work.vocab_size == 1
-    assert kernels.sample_token(np.array([2.5]), 1.0, 0, 1.0, 0.0, np.random.default_rng(0),
-                                np.zeros(4), np.zeros(1), work) == 0
+    assert kernels.sample_token(np.array([2.5]), SamplingControls(), np.random.default_rng(0),
+                                np.zeros(1, LAW_DTYPE), np.zeros(1), work) == 0
 
 
-def _verify_args(kernels, vocab=5, n=2, **changes):
-    args = dict(target_rows=np.zeros((n + 1, vocab)), draft_weights=np.ones((n, vocab)),
-                draft_tokens=np.arange(n, dtype=np.int64), draft_laws=np.tile([0, -np.inf,
-                                                                             -np.inf, vocab],
-                                                                            (n, 1)).astype(float),
-                bonus=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-                rng=np.random.default_rng(0), work=kernels.Workspace(vocab))
+def _verify_args(kernels, vocab=5, n=2, temperature=1.0, **changes):
+    laws = np.zeros(n, LAW_DTYPE)
+    laws["tau"] = laws["zmin"] = -np.inf
+    laws["total"] = vocab
+    args = dict(target_rows=np.zeros((n + 1, vocab)), draft_tokens=np.arange(n, dtype=np.int64),
+                draft_weights=np.ones((n, vocab)), draft_laws=laws, bonus=True,
+                controls=SamplingControls(temperature), rng=np.random.default_rng(0),
+                work=kernels.Workspace(vocab), block=False)
     args.update(changes)
     return list(args.values())
 
@@ -407,7 +426,7 @@ SHAPE_ERRORS = {
     "target_rows_wrong_vocab": {"target_rows": np.zeros((3, 4))},
     "draft_weights_too_few": {"draft_weights": np.ones((1, 5))},
     "draft_weights_wrong_vocab": {"draft_weights": np.ones((2, 6))},
-    "draft_laws_too_few": {"draft_laws": np.ones((1, 4))},
+    "draft_laws_too_few": {"draft_laws": np.ones(1, LAW_DTYPE)},
     "draft_token_too_large": {"draft_tokens": np.array([1, 5])},
     "draft_token_negative": {"draft_tokens": np.array([-1, 0])},
     "draft_token_huge": {"draft_tokens": np.array([0, 2**62])},
@@ -436,35 +455,38 @@ def test_verify_rejects_wrong_ranks(kernels, case):
         kernels.verify(*_verify_args(kernels, **changes))
 
 
-def test_verify_rejects_short_laws(kernels):
-    with pytest.raises(ValueError, match="verify"):
-        kernels.verify(*_verify_args(kernels, draft_laws=np.ones((2, 3))))
+@pytest.mark.parametrize("laws", [np.ones((2, 4)), np.ones((2, 3)), np.ones(2, [("total", "f8")]),
+                                  [(0.0, 0.0, 0.0, 1.0)] * 2, np.ones((2, 1), LAW_DTYPE)])
+def test_verify_rejects_laws_that_are_not_law_dtype(kernels, laws):
+    with pytest.raises((TypeError, ValueError), match="verify: draft_laws"):
+        kernels.verify(*_verify_args(kernels, draft_laws=laws))
 
 
 @pytest.mark.parametrize("case", ["short_logits", "long_logits", "short_law", "short_weights",
                                   "long_weights"])
 def test_sample_token_rejects_mismatched_sizes(kernels, case):
-    logits, law, weights = np.zeros(5), np.zeros(4), np.zeros(5)
+    logits, law, weights = np.zeros(5), np.zeros(1, LAW_DTYPE), np.zeros(5)
     if case == "short_logits":
         logits = np.zeros(4)
     elif case == "long_logits":
         logits = np.zeros(6)
     elif case == "short_law":
-        law = np.zeros(3)
+        law = np.zeros(0, LAW_DTYPE)
     elif case == "short_weights":
         weights = np.zeros(4)
     else:
         weights = np.zeros(6)
     for temperature in (0.0, 1.0):
         with pytest.raises(ValueError):
-            kernels.sample_token(logits, temperature, 0, 1.0, 0.0, np.random.default_rng(0),
+            kernels.sample_token(logits, SamplingControls(temperature), np.random.default_rng(0),
                                  law, weights, kernels.Workspace(5))
 
 
 def test_sample_token_rejects_weights_of_another_dtype(kernels):
     with pytest.raises((ValueError, TypeError)):
-        kernels.sample_token(np.zeros(5), 1.0, 0, 1.0, 0.0, np.random.default_rng(0),
-                             np.zeros(4), np.zeros(5, dtype=np.float32), kernels.Workspace(5))
+        kernels.sample_token(np.zeros(5), SamplingControls(), np.random.default_rng(0),
+                             np.zeros(1, LAW_DTYPE), np.zeros(5, dtype=np.float32),
+                             kernels.Workspace(5))
 
 
 # --- regressions found in review ------------------------------------------------------
@@ -478,10 +500,10 @@ def test_top_p_within_rounding_of_one_keeps_every_token(kernels, dtype, vocab):
     rng = np.random.default_rng(11)
     for trial in range(20):
         row = rng.uniform(-3, 0, vocab).astype(dtype)
-        law, weights = np.zeros(4), np.empty(vocab, dtype)
-        kernels.sample_token(row, 1.0, 0, float(np.nextafter(1.0, 0.0)), 0.0,
+        law, weights = np.zeros(1, LAW_DTYPE), np.empty(vocab, dtype)
+        kernels.sample_token(row, SamplingControls(1.0, 0, float(np.nextafter(1.0, 0.0))),
                              np.random.default_rng(trial), law, weights, kernels.Workspace(vocab))
-        assert law[1] == -np.inf or law[1] <= row.min(), (trial, law)
+        assert law["tau"] == -np.inf or law["tau"] <= row.min(), (trial, law)
         assert np.all(weights > 0)
 
 
@@ -505,18 +527,66 @@ def test_provisional_shift_and_its_redo(kernels, dtype, gap):
     row[:512] -= gap
     row[700] = row[512:].max() + 1.0  # the one token that matters
     head_max = float(row[:512].max())
-    law, weights = np.zeros(4), np.empty(vocab, dtype)
-    token = kernels.sample_token(row, 1.0, 0, 1.0, 0.0, np.random.default_rng(0), law, weights,
+    law, weights = np.zeros(1, LAW_DTYPE), np.empty(vocab, dtype)
+    token = kernels.sample_token(row, SamplingControls(), np.random.default_rng(0), law, weights,
                                  kernels.Workspace(vocab))
     expected_shift = float(row.max()) if float(row.max()) - head_max > SHIFT_LIMIT else head_max
-    assert law[0] == expected_shift
-    assert np.all(np.isfinite(weights)) and np.isfinite(law[3])
-    probs = weights.astype(np.float64) / law[3]
+    assert law["shift"] == expected_shift
+    assert np.all(np.isfinite(weights)) and np.isfinite(law["total"])
+    probs = weights.astype(np.float64) / law["total"]
     exact = np.exp(row.astype(np.float64) - row.max())
     np.testing.assert_allclose(probs, exact / exact.sum(), rtol=1e-5, atol=1e-30)
     twin = twin_of(kernels)
     if twin is not None:
-        other_law, other_weights = np.zeros(4), np.empty(vocab, dtype)
-        other = twin.sample_token(row, 1.0, 0, 1.0, 0.0, np.random.default_rng(0), other_law,
+        other_law, other_weights = np.zeros(1, LAW_DTYPE), np.empty(vocab, dtype)
+        other = twin.sample_token(row, SamplingControls(), np.random.default_rng(0), other_law,
                                   other_weights, twin.Workspace(vocab))
         assert other == token and np.array_equal(other_weights, weights)
+
+
+# --- row_laws ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("controls", [SamplingControls(), SamplingControls(0.7, 3, 0.9, 0.05)])
+def test_row_laws_are_sample_tokens_laws(kernels, dtype, controls):
+    """row_laws fills the law and weights sample_token would, row by row, drawing nothing."""
+    rng = np.random.default_rng(5)
+    rows = (2.0 * rng.standard_normal((4, 700))).astype(dtype)
+    rows[1, ::3] = -np.inf
+    laws, weights = np.zeros(4, LAW_DTYPE), np.zeros((4, 700), dtype)
+    state = rng.bit_generator.state
+    kernels.row_laws(rows, controls, laws, weights, kernels.Workspace(700))
+    assert same_state(state, rng.bit_generator.state)
+    for i in range(4):
+        law, w = np.zeros(1, LAW_DTYPE), np.zeros(700, dtype)
+        kernels.sample_token(rows[i], controls, np.random.default_rng(0), law, w,
+                             kernels.Workspace(700))
+        assert law[0] == laws[i] and np.array_equal(w, weights[i])
+
+
+def test_row_laws_names_the_bad_row(kernels):
+    rows = np.zeros((3, 5))
+    rows[2, 1] = np.nan
+    with pytest.raises(InvalidLogitsError) as info:
+        kernels.row_laws(rows, SamplingControls(), np.zeros(3, LAW_DTYPE), np.zeros((3, 5)),
+                         kernels.Workspace(5))
+    assert info.value.row == 2 and info.value.code == NONFINITE_LOGITS
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(laws_out=np.zeros((3, 4))), TypeError, "laws_out"),
+    (dict(laws_out=np.zeros(2, LAW_DTYPE)), ValueError, "laws_out"),
+    (dict(weights_out=np.zeros((3, 5), np.float32)), TypeError, "weights_out"),
+    (dict(weights_out=np.zeros((3, 6))), ValueError, "weights_out"),
+    (dict(rows=np.zeros(5)), ValueError, "rows"),
+    (dict(rows=np.zeros((3, 5), np.int64)), TypeError, "rows"),
+    (dict(controls=(1.0, 0, 1.0, 0.0)), TypeError, "controls"),
+])
+def test_row_laws_rejects_bad_arguments(kernels, change, error, match):
+    args = dict(rows=np.zeros((3, 5)), controls=SamplingControls(),
+                laws_out=np.zeros(3, LAW_DTYPE), weights_out=np.zeros((3, 5)),
+                work=kernels.Workspace(5))
+    args.update(change)
+    with pytest.raises(error, match=match):
+        kernels.row_laws(**args)

@@ -23,6 +23,8 @@ import pytest
 
 from specdec import SpeculativeDecoder, sample
 from specdec._backend import available_backends
+from specdec._common import LAW_DTYPE
+from specdec._validation import SamplingControls
 from toymodels import ContextModel, same_state
 
 pytestmark = pytest.mark.skipif(
@@ -225,10 +227,10 @@ def test_sample_token_kernel_parity():
         rngs = twin_generators(case, BIT_GENERATORS[case % len(BIT_GENERATORS)])
         out = []
         for kernels, rng in zip((core, fallback), rngs):
-            law = np.full(4, np.nan)
+            law = np.full(1, np.nan, LAW_DTYPE)
             weights = np.zeros(vocab, dtype=dtype)
-            token = kernels.sample_token(row, temperature, top_k, top_p, min_p, rng, law,
-                                         weights, kernels.Workspace(vocab))
+            token = kernels.sample_token(row, SamplingControls(temperature, top_k, top_p, min_p),
+                                         rng, law, weights, kernels.Workspace(vocab))
             out.append((token, law, weights))
         context = (case, vocab, dtype, temperature, top_k, top_p, min_p)
         (token_c, law_c, w_c), (token_p, law_p, w_p) = out
@@ -237,18 +239,23 @@ def test_sample_token_kernel_parity():
         assert 0 <= token_c < vocab
         assert same_state(rngs[0].bit_generator.state, rngs[1].bit_generator.state), context
         if temperature > 0:
-            assert np.allclose(law_c, law_p, rtol=1e-12, atol=0), (context, law_c, law_p)
-            assert np.array_equal(law_c[:3], law_p[:3]), context  # m, tau, zmin exactly
+            assert np.allclose(law_c["total"], law_p["total"], rtol=1e-12, atol=0), (
+                context, law_c, law_p)
+            for field in ("shift", "tau", "zmin"):  # exactly
+                assert np.array_equal(law_c[field], law_p[field]), (context, field)
             # weights: bit-identical but for float32 double-rounding ties (see _fallback)
             assert np.allclose(w_c, w_p, rtol=2 * np.finfo(dtype).eps, atol=0), context
             assert np.array_equal(w_c > 0, w_p > 0), context
             assert w_c[token_c] > 0
 
 
-def test_verify_kernel_parity():
+@pytest.mark.parametrize("block", [False, True], ids=["token", "block"])
+@pytest.mark.parametrize("one_hot", [False, True], ids=["model_drafts", "one_hot"])
+def test_verify_kernel_parity(block, one_hot):
     core, fallback = _kernels()
-    master = np.random.default_rng(12)
+    master = np.random.default_rng(12 + 2 * block + one_hot)
     outcomes = {"residual": 0, "bonus": 0, "none": 0}
+    shared_work = {}
     for case in range(400):
         vocab = int(master.choice(VOCABS[1:]))
         n = int(master.integers(0, 7))
@@ -257,7 +264,7 @@ def test_verify_kernel_parity():
         top_k = int(master.choice([0, 0, 3, vocab]))
         top_p = float(master.choice([1.0, 1.0, 0.8]))
         min_p = float(master.choice([0.0, 0.0, 0.1]))
-        controls = (temperature, top_k, top_p, min_p)
+        controls = SamplingControls(temperature, top_k, top_p, min_p)
         target_rows = np.stack([random_row(master, vocab, np.float64) for _ in range(n + 1)])
         noise = float(master.choice([0.0, 0.3, 2.0]))
         draft_rows = target_rows[:n] + noise * master.standard_normal((n, vocab))
@@ -265,20 +272,25 @@ def test_verify_kernel_parity():
         target_rows = target_rows.astype(target_dtype)
         draft_rows = draft_rows.astype(draft_dtype)
         # drafts drawn by the twin; identical inputs go to both verify kernels
-        laws = np.zeros((n, 4))
+        laws = np.zeros(n, LAW_DTYPE)
         weights = np.zeros((n, vocab), dtype=draft_dtype)
         tokens = np.zeros(n, dtype=np.int64)
         work = fallback.Workspace(vocab)
         draw = np.random.default_rng(case + 10**6)
         for i in range(n):
-            tokens[i] = fallback.sample_token(draft_rows[i], *controls, draw, laws[i],
+            tokens[i] = fallback.sample_token(draft_rows[i], controls, draw, laws[i:i + 1],
                                               weights[i], work)
         if master.integers(0, 4) == 0 and n:  # arbitrary tokens (q may be 0)
             tokens = master.integers(0, vocab, size=n).astype(np.int64)
         bonus = bool(master.integers(0, 4))
+        if one_hot:
+            weights = laws = None
         rngs = twin_generators(case, BIT_GENERATORS[case % len(BIT_GENERATORS)])
-        results = [kernels.verify(target_rows, weights, tokens, laws, bonus, *controls, rng,
-                                  kernels.Workspace(vocab))
+        # one compiled workspace per vocabulary, reused across cases (its per-row storage
+        # grows); the twin gets a fresh one
+        work = shared_work.setdefault(vocab, core.Workspace(vocab))
+        results = [kernels.verify(target_rows, tokens, weights, laws, bonus, controls, rng,
+                                  work if kernels is core else kernels.Workspace(vocab), block)
                    for kernels, rng in zip((core, fallback), rngs)]
         context = (case, vocab, n, target_dtype, draft_dtype, controls, bonus, noise)
         assert results[0] == results[1], context
@@ -298,22 +310,24 @@ def test_kernel_parity_large_vocabulary(vocab, dtype):
     n = 3
     target_rows = (3.0 * master.standard_normal((n + 1, vocab))).astype(dtype)
     draft_rows = (target_rows[:n] + 0.8 * master.standard_normal((n, vocab))).astype(dtype)
-    for controls in [(1.0, 0, 1.0, 0.0), (0.7, 40, 0.9, 0.0), (1.3, 0, 0.95, 0.01)]:
-        laws = {k: np.zeros((n, 4)) for k in ("c", "p")}
+    for controls in [SamplingControls(1.0, 0, 1.0, 0.0), SamplingControls(0.7, 40, 0.9, 0.0),
+                     SamplingControls(1.3, 0, 0.95, 0.01)]:
+        laws = {k: np.zeros(n, LAW_DTYPE) for k in ("c", "p")}
         weights = {k: np.zeros((n, vocab), dtype=dtype) for k in ("c", "p")}
         for seed in range(3):
             rngs = twin_generators(seed)
             tokens = {}
             for key, kernels, rng in (("c", core, rngs[0]), ("p", fallback, rngs[1])):
                 work = kernels.Workspace(vocab)
-                tokens[key] = np.array([kernels.sample_token(draft_rows[i], *controls, rng,
-                                                             laws[key][i], weights[key][i], work)
+                tokens[key] = np.array([kernels.sample_token(draft_rows[i], controls, rng,
+                                                             laws[key][i:i + 1],
+                                                             weights[key][i], work)
                                         for i in range(n)], dtype=np.int64)
             assert np.array_equal(tokens["c"], tokens["p"])
-            assert np.allclose(laws["c"], laws["p"], rtol=1e-12, atol=0)
+            assert np.allclose(laws["c"]["total"], laws["p"]["total"], rtol=1e-12, atol=0)
             assert np.allclose(weights["c"], weights["p"], rtol=2 * np.finfo(dtype).eps, atol=0)
-            verdicts = [kernels.verify(target_rows, weights["p"], tokens["p"], laws["p"], True,
-                                       *controls, rng, kernels.Workspace(vocab))
+            verdicts = [kernels.verify(target_rows, tokens["p"], weights["p"], laws["p"], True,
+                                       controls, rng, kernels.Workspace(vocab))
                         for kernels, rng in zip((core, fallback), rngs)]
             assert verdicts[0] == verdicts[1]
             assert same_state(rngs[0].bit_generator.state, rngs[1].bit_generator.state)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 #: Elements per block of a sampling pass (must equal SD_BLOCK in _kernels.h).
 BLOCK_SIZE = 512
 
@@ -9,6 +11,15 @@ BLOCK_SIZE = 512
 #: block; only when the row's maximum lies more than this (in units of logit /
 #: temperature) above that shift are they recomputed from the maximum itself.
 SHIFT_LIMIT = 64.0
+
+#: A row's law under the sampling controls, with named fields (see _kernels.h): the
+#: weights are exp((logit - shift) / temperature) where logit >= tau and the scaled
+#: logit >= zmin, else 0, and the probabilities are weights / total.  Arrays of laws
+#: are ``np.zeros(n, LAW_DTYPE)``; the compiled core reads them as a memoryview of
+#: its C struct ``RowLaw`` (same fields, same order).
+LAW_DTYPE = np.dtype([("shift", "f8"), ("tau", "f8"), ("zmin", "f8"), ("total", "f8")])
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 #: Kernel error codes, shared by both backends.
 NONFINITE_LOGITS = 1
@@ -45,3 +56,84 @@ class InvalidLogitsError(ValueError):
     def reason(self) -> str:
         """What is wrong with the row, in words."""
         return _REASONS[self.code]
+
+
+# --- argument checks shared by both kernel backends -----------------------------------------
+
+
+def _check_array(value, name: str, ndim: int, what: str) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array of {what}, got {type(value).__name__}")
+    if value.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D ({what}), got shape {value.shape}")
+    return value
+
+
+def check_laws(laws, name: str, min_rows: int) -> None:
+    """``laws`` must be a 1-D ``LAW_DTYPE`` array of at least ``min_rows`` laws."""
+    if not isinstance(laws, np.ndarray) or laws.dtype != LAW_DTYPE:
+        what = laws.dtype if isinstance(laws, np.ndarray) else type(laws).__name__
+        raise TypeError(f"{name} must be an array of dtype specdec._common.LAW_DTYPE, got {what}")
+    _check_array(laws, name, 1, "LAW_DTYPE laws")
+    if len(laws) < min_rows:
+        raise ValueError(f"{name} holds {len(laws)} laws, at least {min_rows} needed")
+
+
+def check_rows(rows, name: str, vocab_size: int, ndim: int = 2) -> None:
+    """``rows`` must be float32/float64 logits (or weights) of ``vocab_size`` columns."""
+    _check_array(rows, name, ndim, "float32 or float64 logits")
+    if rows.dtype not in _FLOATS:
+        raise TypeError(f"{name} must be float32 or float64, got {rows.dtype}")
+    if rows.shape[-1] != vocab_size:
+        raise ValueError(f"{name} has {rows.shape[-1]} columns, the workspace {vocab_size}")
+
+
+def check_row_laws_args(rows, laws_out, weights_out, vocab_size: int) -> None:
+    """Arguments of ``row_laws``: (n, V) rows, n laws, (n, V) weights of the rows' dtype."""
+    check_rows(rows, "rows", vocab_size)
+    check_laws(laws_out, "laws_out", len(rows))
+    check_rows(weights_out, "weights_out", vocab_size)
+    if weights_out.dtype != rows.dtype:
+        raise TypeError(f"weights_out must have the dtype of rows ({rows.dtype}), "
+                        f"got {weights_out.dtype}")
+    if len(weights_out) < len(rows):
+        raise ValueError(f"weights_out holds {len(weights_out)} rows, {len(rows)} needed")
+
+
+def check_verify_args(target_rows, draft_tokens, draft_weights, draft_laws, block,
+                      vocab_size: int) -> None:
+    """Arguments of ``verify``, checked before any work; the messages name the argument.
+
+    Raises
+    ------
+    TypeError
+        An argument of the wrong type or dtype.
+    ValueError
+        Shapes that disagree, a draft token outside [0, V), or only one of
+        ``draft_weights`` and ``draft_laws``.
+    """
+    check_rows(target_rows, "verify: target_rows", vocab_size)
+    _check_array(draft_tokens, "verify: draft_tokens", 1, "int64 token ids")
+    if draft_tokens.dtype.kind not in "iu":
+        raise TypeError(f"verify: draft_tokens must hold integer ids, got {draft_tokens.dtype}")
+    n = len(draft_tokens)
+    if len(target_rows) != n + 1:
+        raise ValueError(f"verify: target_rows must hold n + 1 = {n + 1} rows (one per "
+                         f"draft token and one for the bonus), got {len(target_rows)}")
+    if (draft_weights is None) != (draft_laws is None):
+        raise ValueError("verify: draft_weights and draft_laws must both be given (drafts "
+                         "sampled from a model) or both be None (one-hot drafts)")
+    if draft_weights is not None:
+        check_rows(draft_weights, "verify: draft_weights", vocab_size)
+        if len(draft_weights) < n:
+            raise ValueError(f"verify: draft_weights holds {len(draft_weights)} rows, "
+                             f"{n} draft tokens need as many")
+        check_laws(draft_laws, "verify: draft_laws", n)
+    if n:
+        low, high = int(draft_tokens.min()), int(draft_tokens.max())
+        bad = low if low < 0 else high
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"verify: draft token {bad} is outside [0, {vocab_size})")
+    if not isinstance(block, (bool, np.bool_)):
+        raise TypeError(f"verify: block must be a bool (True: block verification, False: "
+                        f"token by token), got {type(block).__name__}")

@@ -3,7 +3,11 @@
 import numpy as np
 import numpy.typing as npt
 
+from specdec._validation import SamplingControls
+
 _Logits = npt.NDArray[np.float32] | npt.NDArray[np.float64]
+#: arrays of ``specdec._common.LAW_DTYPE`` (fields shift, tau, zmin, total)
+_Laws = npt.NDArray[np.void]
 
 class Workspace:
     """Scratch memory for the kernels, sized for one vocabulary."""
@@ -13,25 +17,27 @@ class Workspace:
 
 def sample_token(
     logits: _Logits,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    min_p: float,
+    controls: SamplingControls,
     rng: np.random.Generator,
-    law_out: npt.NDArray[np.float64],
+    law_out: _Laws,
     weights_out: _Logits,
     work: Workspace,
 ) -> int: ...
+def row_laws(
+    rows: _Logits,
+    controls: SamplingControls,
+    laws_out: _Laws,
+    weights_out: _Logits,
+    work: Workspace,
+) -> None: ...
 def verify(
     target_rows: _Logits,
-    draft_weights: _Logits,
     draft_tokens: npt.NDArray[np.int64],
-    draft_laws: npt.NDArray[np.float64],
+    draft_weights: _Logits | None,
+    draft_laws: _Laws | None,
     bonus: bool,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    min_p: float,
+    controls: SamplingControls,
     rng: np.random.Generator,
     work: Workspace,
+    block: bool = False,
 ) -> tuple[int, int]: ...

@@ -24,59 +24,16 @@ from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 from numpy.random cimport bitgen_t
 
-from specdec._common import BLOCK_SIZE, InvalidLogitsError
+from specdec._kernels cimport *
+
+import numpy as np
+
+from specdec._common import BLOCK_SIZE, InvalidLogitsError, check_row_laws_args, check_verify_args
 from specdec._common import SHIFT_LIMIT as _SHIFT_LIMIT
-
-cdef extern from "_kernels.h" nogil:
-    int SD_BLOCK
-
-    double sd_max_f32(const float *x, Py_ssize_t n, int *bad)
-    double sd_max_f64(const double *x, Py_ssize_t n, int *bad)
-    Py_ssize_t sd_first_index_f32(const float *x, Py_ssize_t n, double value)
-    Py_ssize_t sd_first_index_f64(const double *x, Py_ssize_t n, double value)
-    double sd_expsum_f32(const float *x, Py_ssize_t n, double m, double inv_t,
-                         double tau, double zmin, double *blocks, float *weights,
-                         const float *prefetch, double *max_out, int *bad_out)
-    double sd_expsum_f64(const double *x, Py_ssize_t n, double m, double inv_t,
-                         double tau, double zmin, double *blocks, double *weights,
-                         const double *prefetch, double *max_out, int *bad_out)
-    Py_ssize_t sd_pick_f32(const float *x, Py_ssize_t n, double m, double inv_t, double tau,
-                           double zmin, const double *blocks, double target)
-    Py_ssize_t sd_pick_f64(const double *x, Py_ssize_t n, double m, double inv_t, double tau,
-                           double zmin, const double *blocks, double target)
-    double sd_kth_largest_f32(const float *x, Py_ssize_t n, Py_ssize_t k, double *work)
-    double sd_kth_largest_f64(const double *x, Py_ssize_t n, Py_ssize_t k, double *work)
-    double sd_top_p_threshold_f32(const float *x, Py_ssize_t n, double m, double inv_t,
-                                  double tau, double z_kept, double top_p,
-                                  double *vals, double *ws)
-    double sd_top_p_threshold_f64(const double *x, Py_ssize_t n, double m, double inv_t,
-                                  double tau, double z_kept, double top_p,
-                                  double *vals, double *ws)
-
-    double sd_residual_sum_f32_f32(const float *wp, const float *wq, Py_ssize_t n,
-                                   double zp, double zq, double *blocks)
-    Py_ssize_t sd_residual_pick_f32_f32(const float *wp, const float *wq, Py_ssize_t n,
-                                        double zp, double zq, const double *blocks,
-                                        double target)
-    double sd_residual_sum_f32_f64(const float *wp, const double *wq, Py_ssize_t n,
-                                   double zp, double zq, double *blocks)
-    Py_ssize_t sd_residual_pick_f32_f64(const float *wp, const double *wq, Py_ssize_t n,
-                                        double zp, double zq, const double *blocks,
-                                        double target)
-    double sd_residual_sum_f64_f32(const double *wp, const float *wq, Py_ssize_t n,
-                                   double zp, double zq, double *blocks)
-    Py_ssize_t sd_residual_pick_f64_f32(const double *wp, const float *wq, Py_ssize_t n,
-                                        double zp, double zq, const double *blocks,
-                                        double target)
-    double sd_residual_sum_f64_f64(const double *wp, const double *wq, Py_ssize_t n,
-                                   double zp, double zq, double *blocks)
-    Py_ssize_t sd_residual_pick_f64_f64(const double *wp, const double *wq, Py_ssize_t n,
-                                        double zp, double zq, const double *blocks,
-                                        double target)
+from specdec._validation import SamplingControls
 
 assert SD_BLOCK == BLOCK_SIZE, "_kernels.h and _common.py disagree on the block size"
 
-# A "law" is double[4]: {m, tau, zmin, Z} (see _kernels.h).
 cdef enum:
     NONFINITE_LOGITS = 1
     ALL_MASKED_LOGITS = 2
@@ -86,20 +43,26 @@ cdef enum:
 # weights are recomputed from the maximum (e^64 < float's largest / V).
 cdef double SHIFT_LIMIT = _SHIFT_LIMIT
 
-ctypedef fused real:
+# The fused types, named for what they hold.  One row's logits and the weights
+# computed from them share a type (sample_token, row_laws):
+ctypedef fused logit_t:
     float
     double
 
-ctypedef fused target_t:
+# verify reads two kinds of rows whose types vary independently: the target's logits
+# (and the weights computed from them, kept in the workspace) ...
+ctypedef fused target_logit_t:
     float
     double
 
-ctypedef fused draft_t:
+# ... and the draft's weights, as sample_token / row_laws returned them.
+ctypedef fused draft_weight_t:
     float
     double
 
 
 cdef struct Controls:
+    bint greedy        # temperature 0
     double inv_t       # 1 / temperature
     Py_ssize_t top_k   # 0: off
     double top_p       # 1.0: off
@@ -115,16 +78,28 @@ cdef class Workspace:
         Number of logits per row.
     """
     cdef readonly Py_ssize_t vocab_size
+    cdef Py_ssize_t n_blocks
     cdef double *blocks
     cdef double *values
     cdef double *weights
     cdef void *row_weights  # a target row's weights, in the row's type
+    # Block verification keeps per target row of a call: its weights (in the row's
+    # type), block sums, law, prefix ratio p_i and residual mass, and one uniform per
+    # draft; grown by reserve_rows when a call has more rows than any before.
+    cdef Py_ssize_t row_capacity
+    cdef void *store_weights
+    cdef double *store_blocks
+    cdef RowLaw *store_laws
+    cdef double *store_ratios
+    cdef double *store_masses
+    cdef double *etas
 
     def __cinit__(self, Py_ssize_t vocab_size):
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         self.vocab_size = vocab_size
-        self.blocks = <double *> malloc(((vocab_size + SD_BLOCK - 1) // SD_BLOCK) * sizeof(double))
+        self.n_blocks = (vocab_size + SD_BLOCK - 1) // SD_BLOCK
+        self.blocks = <double *> malloc(self.n_blocks * sizeof(double))
         self.values = <double *> malloc(vocab_size * sizeof(double))
         self.weights = <double *> malloc(vocab_size * sizeof(double))
         self.row_weights = malloc(vocab_size * sizeof(double))
@@ -132,79 +107,129 @@ cdef class Workspace:
                 or self.row_weights == NULL):
             raise MemoryError()
 
+    cdef int reserve_rows(self, Py_ssize_t rows) except -1:
+        """Room for ``rows`` rows of per-row storage (block verification)."""
+        if rows <= self.row_capacity:
+            return 0
+        rows = max(rows, 2 * self.row_capacity)
+        self.free_rows()
+        self.store_weights = malloc(rows * self.vocab_size * sizeof(double))
+        self.store_blocks = <double *> malloc(rows * self.n_blocks * sizeof(double))
+        self.store_laws = <RowLaw *> malloc(rows * sizeof(RowLaw))
+        self.store_ratios = <double *> malloc(rows * sizeof(double))
+        self.store_masses = <double *> malloc(rows * sizeof(double))
+        self.etas = <double *> malloc(rows * sizeof(double))
+        if (self.store_weights == NULL or self.store_blocks == NULL or self.store_laws == NULL
+                or self.store_ratios == NULL or self.store_masses == NULL or self.etas == NULL):
+            self.free_rows()
+            raise MemoryError()
+        self.row_capacity = rows
+        return 0
+
+    cdef void free_rows(self) noexcept:
+        free(self.store_weights)
+        free(self.store_blocks)
+        free(self.store_laws)
+        free(self.store_ratios)
+        free(self.store_masses)
+        free(self.etas)
+        self.store_weights = NULL
+        self.store_blocks = NULL
+        self.store_laws = NULL
+        self.store_ratios = NULL
+        self.store_masses = NULL
+        self.etas = NULL
+        self.row_capacity = 0
+
     def __dealloc__(self):
         free(self.blocks)
         free(self.values)
         free(self.weights)
         free(self.row_weights)
+        self.free_rows()
 
 
 # --- dispatch from fused types to the C template instances --------------------------
 
-cdef inline double row_max(const real *x, Py_ssize_t n, int *bad) noexcept nogil:
-    if real is float:
+cdef inline double row_max(const logit_t *x, Py_ssize_t n, int *bad) noexcept nogil:
+    if logit_t is float:
         return sd_max_f32(x, n, bad)
     else:
         return sd_max_f64(x, n, bad)
 
-cdef inline Py_ssize_t first_index(const real *x, Py_ssize_t n, double value) noexcept nogil:
-    if real is float:
+cdef inline Py_ssize_t first_index(const logit_t *x, Py_ssize_t n, double value) noexcept nogil:
+    if logit_t is float:
         return sd_first_index_f32(x, n, value)
     else:
         return sd_first_index_f64(x, n, value)
 
-cdef inline double expsum(const real *x, Py_ssize_t n, const double *law, double inv_t,
-                          double *blocks, real *weights, const real *prefetch=NULL,
+cdef inline double expsum(const logit_t *x, Py_ssize_t n, const RowLaw *law, double inv_t,
+                          double *blocks, logit_t *weights, const logit_t *prefetch=NULL,
                           double *max_out=NULL, int *bad_out=NULL) noexcept nogil:
-    if real is float:
-        return sd_expsum_f32(x, n, law[0], inv_t, law[1], law[2], blocks, weights, prefetch,
-                             max_out, bad_out)
+    if logit_t is float:
+        return sd_expsum_f32(x, n, law.shift, inv_t, law.tau, law.zmin, blocks, weights,
+                             prefetch, max_out, bad_out)
     else:
-        return sd_expsum_f64(x, n, law[0], inv_t, law[1], law[2], blocks, weights, prefetch,
-                             max_out, bad_out)
+        return sd_expsum_f64(x, n, law.shift, inv_t, law.tau, law.zmin, blocks, weights,
+                             prefetch, max_out, bad_out)
 
-cdef inline Py_ssize_t pick(const real *x, Py_ssize_t n, const double *law, double inv_t,
+cdef inline Py_ssize_t pick(const logit_t *x, Py_ssize_t n, const RowLaw *law, double inv_t,
                             const double *blocks, double target) noexcept nogil:
-    if real is float:
-        return sd_pick_f32(x, n, law[0], inv_t, law[1], law[2], blocks, target)
+    if logit_t is float:
+        return sd_pick_f32(x, n, law.shift, inv_t, law.tau, law.zmin, blocks, target)
     else:
-        return sd_pick_f64(x, n, law[0], inv_t, law[1], law[2], blocks, target)
+        return sd_pick_f64(x, n, law.shift, inv_t, law.tau, law.zmin, blocks, target)
 
-cdef inline double residual_sum(const target_t *wp, const draft_t *wq, Py_ssize_t n,
-                                double zp, double zq, double *blocks) noexcept nogil:
-    if target_t is float:
-        if draft_t is float:
-            return sd_residual_sum_f32_f32(wp, wq, n, zp, zq, blocks)
-        else:
-            return sd_residual_sum_f32_f64(wp, wq, n, zp, zq, blocks)
+cdef inline double block_sum(const logit_t *w, Py_ssize_t start, Py_ssize_t end) noexcept nogil:
+    if logit_t is float:
+        return sd_block_sum_f32(w, start, end)
     else:
-        if draft_t is float:
-            return sd_residual_sum_f64_f32(wp, wq, n, zp, zq, blocks)
-        else:
-            return sd_residual_sum_f64_f64(wp, wq, n, zp, zq, blocks)
+        return sd_block_sum_f64(w, start, end)
 
-cdef inline Py_ssize_t residual_pick(const target_t *wp, const draft_t *wq, Py_ssize_t n,
-                                     double zp, double zq, const double *blocks,
-                                     double target) noexcept nogil:
-    if target_t is float:
-        if draft_t is float:
-            return sd_residual_pick_f32_f32(wp, wq, n, zp, zq, blocks, target)
-        else:
-            return sd_residual_pick_f32_f64(wp, wq, n, zp, zq, blocks, target)
+cdef inline Py_ssize_t stored_pick(const logit_t *w, Py_ssize_t n, const double *blocks,
+                                   double target) noexcept nogil:
+    if logit_t is float:
+        return sd_stored_pick_f32(w, n, blocks, target)
     else:
-        if draft_t is float:
-            return sd_residual_pick_f64_f32(wp, wq, n, zp, zq, blocks, target)
+        return sd_stored_pick_f64(w, n, blocks, target)
+
+cdef inline double residual_sum(const target_logit_t *wp, const draft_weight_t *wq,
+                                Py_ssize_t n, double scale, double zp, double zq,
+                                double *blocks) noexcept nogil:
+    if target_logit_t is float:
+        if draft_weight_t is float:
+            return sd_residual_sum_f32_f32(wp, wq, n, scale, zp, zq, blocks)
         else:
-            return sd_residual_pick_f64_f64(wp, wq, n, zp, zq, blocks, target)
+            return sd_residual_sum_f32_f64(wp, wq, n, scale, zp, zq, blocks)
+    else:
+        if draft_weight_t is float:
+            return sd_residual_sum_f64_f32(wp, wq, n, scale, zp, zq, blocks)
+        else:
+            return sd_residual_sum_f64_f64(wp, wq, n, scale, zp, zq, blocks)
+
+cdef inline Py_ssize_t residual_pick(const target_logit_t *wp, const draft_weight_t *wq,
+                                     Py_ssize_t n, double scale, double zp, double zq,
+                                     const double *blocks, double target) noexcept nogil:
+    if target_logit_t is float:
+        if draft_weight_t is float:
+            return sd_residual_pick_f32_f32(wp, wq, n, scale, zp, zq, blocks, target)
+        else:
+            return sd_residual_pick_f32_f64(wp, wq, n, scale, zp, zq, blocks, target)
+    else:
+        if draft_weight_t is float:
+            return sd_residual_pick_f64_f32(wp, wq, n, scale, zp, zq, blocks, target)
+        else:
+            return sd_residual_pick_f64_f64(wp, wq, n, scale, zp, zq, blocks, target)
 
 
 # --- the row law under the sampling controls -----------------------------------------
 
-cdef int row_law(const real *x, Py_ssize_t n, const Controls *c, Workspace work,
-                 double *law, real *weights, const real *next_row=NULL) noexcept nogil:
-    """Fill law = {m, tau, zmin, Z} for one row, the block sums of its weights in
-    work.blocks and its weights in ``weights``; return 0 or an error code.
-    ``next_row``, if given, is prefetched (see sd_expsum).
+cdef int row_law(const logit_t *x, Py_ssize_t n, const Controls *c, Workspace work,
+                 RowLaw *law, logit_t *weights, double *blocks,
+                 const logit_t *next_row=NULL) noexcept nogil:
+    """Fill ``law`` for one row, the block sums of its weights in ``blocks`` and its
+    weights in ``weights``; return 0 or an error code.  ``next_row``, if given, is
+    prefetched (see sd_expsum).
 
     Order of the controls (as in Hugging Face's warpers): temperature, then top-k,
     then top-p over the top-k survivors, then min-p.  All three keep an upper set of
@@ -222,44 +247,44 @@ cdef int row_law(const real *x, Py_ssize_t n, const Controls *c, Workspace work,
             # where float weights could overflow, is the pass redone with the maximum.
             shift = row_max(x, n if n < SD_BLOCK else SD_BLOCK, &bad)
             if not bad and shift > -INFINITY:
-                law[0] = shift
-                law[1] = -INFINITY
-                law[2] = -INFINITY
-                law[3] = expsum(x, n, law, c.inv_t, work.blocks, weights, next_row, &m, &bad)
+                law.shift = shift
+                law.tau = -INFINITY
+                law.zmin = -INFINITY
+                law.total = expsum(x, n, law, c.inv_t, blocks, weights, next_row, &m, &bad)
                 if bad:
                     return NONFINITE_LOGITS
                 if (m - shift) * c.inv_t > SHIFT_LIMIT:
-                    law[0] = m
-                    law[3] = expsum(x, n, law, c.inv_t, work.blocks, weights, next_row)
-                return 0 if law[3] > 0.0 else EMPTY_LAW
+                    law.shift = m
+                    law.total = expsum(x, n, law, c.inv_t, blocks, weights, next_row)
+                return 0 if law.total > 0.0 else EMPTY_LAW
             bad = 0
     m = row_max(x, n, &bad)
     if bad:
         return NONFINITE_LOGITS
     if m == -INFINITY:
         return ALL_MASKED_LOGITS
-    law[0] = m
-    law[1] = -INFINITY
-    law[2] = -INFINITY
+    law.shift = m
+    law.tau = -INFINITY
+    law.zmin = -INFINITY
     cdef double z_kept, tau_p
     if 0 < c.top_k < n:
-        if real is float:
-            law[1] = sd_kth_largest_f32(x, n, c.top_k, work.values)
+        if logit_t is float:
+            law.tau = sd_kth_largest_f32(x, n, c.top_k, work.values)
         else:
-            law[1] = sd_kth_largest_f64(x, n, c.top_k, work.values)
+            law.tau = sd_kth_largest_f64(x, n, c.top_k, work.values)
     if c.top_p < 1.0:
-        z_kept = expsum(x, n, law, c.inv_t, NULL, <real *> NULL)
-        if real is float:
-            tau_p = sd_top_p_threshold_f32(x, n, m, c.inv_t, law[1], z_kept, c.top_p,
+        z_kept = expsum(x, n, law, c.inv_t, NULL, <logit_t *> NULL)
+        if logit_t is float:
+            tau_p = sd_top_p_threshold_f32(x, n, m, c.inv_t, law.tau, z_kept, c.top_p,
                                            work.values, work.weights)
         else:
-            tau_p = sd_top_p_threshold_f64(x, n, m, c.inv_t, law[1], z_kept, c.top_p,
+            tau_p = sd_top_p_threshold_f64(x, n, m, c.inv_t, law.tau, z_kept, c.top_p,
                                            work.values, work.weights)
-        if tau_p > law[1]:
-            law[1] = tau_p
-    law[2] = c.zmin
-    law[3] = expsum(x, n, law, c.inv_t, work.blocks, weights, next_row)
-    if not law[3] > 0.0:
+        if tau_p > law.tau:
+            law.tau = tau_p
+    law.zmin = c.zmin
+    law.total = expsum(x, n, law, c.inv_t, blocks, weights, next_row)
+    if not law.total > 0.0:
         # The largest logit has weight exactly 1 under validated controls; a direct
         # caller's temperature whose inverse overflows the logits' type breaks that:
         # refuse rather than return a token of zero probability.
@@ -267,11 +292,18 @@ cdef int row_law(const real *x, Py_ssize_t n, const Controls *c, Workspace work,
     return 0
 
 
-cdef Controls make_controls(double temperature, Py_ssize_t top_k, double top_p, double min_p):
+cdef Controls unpack_controls(object controls) except *:
+    """The C view of a ``SamplingControls``, read once per call."""
+    if not isinstance(controls, SamplingControls):
+        raise TypeError("controls must be a specdec._validation.SamplingControls, got "
+                        f"{type(controls).__name__}")
     cdef Controls c
-    c.inv_t = 1.0 / temperature
-    c.top_k = top_k
-    c.top_p = top_p
+    cdef double temperature = controls.temperature
+    cdef double min_p = controls.min_p
+    c.greedy = temperature == 0.0
+    c.inv_t = INFINITY if c.greedy else 1.0 / temperature
+    c.top_k = controls.top_k
+    c.top_p = controls.top_p
     c.zmin = log(min_p) if min_p > 0.0 else -INFINITY
     return c
 
@@ -280,32 +312,38 @@ cdef bitgen_t *bitgen_of(object bit_generator) except NULL:
     return <bitgen_t *> PyCapsule_GetPointer(bit_generator.capsule, "BitGenerator")
 
 
+cdef int greedy_token(const logit_t *x, Py_ssize_t n, Py_ssize_t *token) noexcept nogil:
+    """The lowest id among the row's maxima into *token; 0 or an error code."""
+    cdef int bad = 0
+    cdef double m = row_max(x, n, &bad)
+    if bad:
+        return NONFINITE_LOGITS
+    if m == -INFINITY:
+        return ALL_MASKED_LOGITS
+    token[0] = first_index(x, n, m)
+    return 0
+
+
 # --- entry points ----------------------------------------------------------------------
 
-def sample_token(const real[::1] logits, double temperature, Py_ssize_t top_k, double top_p,
-                 double min_p, object rng, double[::1] law_out, real[::1] weights_out,
-                 Workspace work):
+def sample_token(const logit_t[::1] logits, object controls, object rng,
+                 RowLaw[::1] law_out, logit_t[::1] weights_out, Workspace work):
     """Draw one token from a row of logits under the sampling controls.
 
     Parameters
     ----------
     logits : ndarray of float32 or float64, shape (V,), C-contiguous
         One row of logits.
-    temperature : float
-        0 for greedy (the lowest id among the maxima, no uniform drawn), else > 0.
-    top_k : int
-        Keep the ``top_k`` largest logits (ties at the boundary kept); 0 disables.
-    top_p : float
-        Keep the smallest upper set of logits holding ``top_p`` of the mass; 1 disables.
-    min_p : float
-        Keep tokens with probability >= ``min_p`` times the largest; 0 disables.
+    controls : specdec._validation.SamplingControls
+        Temperature (0: greedy, the lowest id among the maxima, no uniform drawn),
+        top-k, top-p and min-p.
     rng : numpy.random.Generator
         Source of the one uniform drawn.
-    law_out : ndarray of float64, shape (4,)
-        Receives the row law ``{m, tau, zmin, Z}`` (unset for greedy).
+    law_out : ndarray of LAW_DTYPE, shape (1,)
+        Receives the row law (unset for greedy).
     weights_out : ndarray of the logits' dtype, shape (V,)
         Receives the row's unnormalised weights: the draft law q is
-        ``weights_out / law_out[3]``, which ``verify`` needs (unset for greedy).
+        ``weights_out / law_out[0]["total"]``, which ``verify`` needs (unset for greedy).
     work : Workspace
         Scratch memory for ``V`` logits.
 
@@ -321,61 +359,375 @@ def sample_token(const real[::1] logits, double temperature, Py_ssize_t top_k, d
         inverse overflows the logits' type) no token of positive weight.
     """
     cdef Py_ssize_t n = logits.shape[0]
-    if n != work.vocab_size or weights_out.shape[0] != n or law_out.shape[0] < 4:
+    if n != work.vocab_size or weights_out.shape[0] != n or law_out.shape[0] < 1:
         raise ValueError("logits, law_out, weights_out and work do not match in size")
-    cdef const real *x = &logits[0]
-    cdef int bad = 0, err = 0
-    cdef double m
-    if temperature == 0.0:
-        with nogil:
-            m = row_max(x, n, &bad)
-        if bad:
-            raise InvalidLogitsError(0, NONFINITE_LOGITS)
-        if m == -INFINITY:
-            raise InvalidLogitsError(0, ALL_MASKED_LOGITS)
-        return first_index(x, n, m)
-
-    cdef Controls c = make_controls(temperature, top_k, top_p, min_p)
-    cdef double *law = &law_out[0]
+    cdef Controls c = unpack_controls(controls)
+    cdef const logit_t *x = &logits[0]
+    cdef int err = 0
     cdef Py_ssize_t token = -1
+    if c.greedy:
+        with nogil:
+            err = greedy_token(x, n, &token)
+        if err:
+            raise InvalidLogitsError(0, err)
+        return token
+
+    cdef RowLaw *law = &law_out[0]
     bit_generator = rng.bit_generator
     cdef bitgen_t *bitgen = bitgen_of(bit_generator)
     with bit_generator.lock, nogil:
-        err = row_law(x, n, &c, work, law, &weights_out[0])
+        err = row_law(x, n, &c, work, law, &weights_out[0], work.blocks)
         if err == 0:
             token = pick(x, n, law, c.inv_t, work.blocks,
-                         bitgen.next_double(bitgen.state) * law[3])
+                         bitgen.next_double(bitgen.state) * law.total)
     if err:
         raise InvalidLogitsError(0, err)
     return token
 
 
-def verify(const target_t[:, ::1] target_rows, const draft_t[:, ::1] draft_weights,
-           const int64_t[::1] draft_tokens, const double[:, ::1] draft_laws, bint bonus,
-           double temperature, Py_ssize_t top_k, double top_p, double min_p, object rng,
-           Workspace work):
-    """Verify a block of drafted tokens against the target's rows.
+cdef int fill_row_laws(const logit_t[:, ::1] rows, const Controls *c, RowLaw *laws,
+                       logit_t[:, ::1] weights, Workspace work, Py_ssize_t *failed) noexcept nogil:
+    cdef Py_ssize_t n_rows = rows.shape[0], n = rows.shape[1], i, token
+    cdef int err = 0
+    for i in range(n_rows):
+        failed[0] = i
+        if c.greedy:
+            err = greedy_token(&rows[i, 0], n, &token)
+        else:
+            err = row_law(&rows[i, 0], n, c, work, &laws[i], &weights[i, 0], work.blocks,
+                          &rows[i + 1, 0] if i + 1 < n_rows else NULL)
+        if err:
+            return err
+    return 0
 
-    Keeps each draft token x with probability min(1, p(x) / q(x)) (the test is
-    ``u * q(x) < p(x)``, so a token with p(x) = 0 is never kept, even with u = 0);
-    at the first rejection draws from norm(max(0, p - q)) of that row; when every
-    draft is kept and ``bonus`` is true, draws one more token from the last row.
+
+def row_laws(rows, controls, laws_out, weights_out, Workspace work):
+    """The law and the weights of each of n rows under the sampling controls, drawing
+    nothing: what ``verify`` needs of draft logits that were not sampled here.
 
     Parameters
     ----------
-    target_rows : ndarray of float32 or float64, shape (n + 1, V)
+    rows : ndarray of float32 or float64, shape (n, V), C-contiguous
+        Logits rows.
+    controls : specdec._validation.SamplingControls
+        The sampling controls (temperature 0: the rows are only checked; laws and
+        weights are left unset, as greedy verification reads neither).
+    laws_out : ndarray of LAW_DTYPE, shape (>= n,)
+        Receives the law of each row.
+    weights_out : ndarray of the rows' dtype, shape (>= n, V), C-contiguous
+        Receives each row's unnormalised weights (q = weights / law["total"]).
+    work : Workspace
+        Scratch memory for ``V`` logits.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Arguments of the wrong type, dtype or shape.
+    InvalidLogitsError
+        A row defines no law; ``row`` says which.
+    """
+    check_row_laws_args(rows, laws_out, weights_out, work.vocab_size)
+    cdef Controls c = unpack_controls(controls)
+    cdef RowLaw[::1] laws = laws_out
+    cdef Py_ssize_t failed = 0
+    cdef int err = 0
+    if len(rows) == 0:
+        return
+    if rows.dtype == np.float32:
+        err = fill_row_laws[float](rows, &c, &laws[0], weights_out, work, &failed)
+    else:
+        err = fill_row_laws[double](rows, &c, &laws[0], weights_out, work, &failed)
+    if err:
+        raise InvalidLogitsError(failed, err)
+
+
+cdef inline double draft_probability(const draft_weight_t *q_row, const RowLaw *q_law,
+                                     Py_ssize_t x) noexcept nogil:
+    """q(x) of a draft row; 1 for one-hot drafts (q_row NULL)."""
+    if q_row == NULL:
+        return 1.0
+    return <double> q_row[x] / q_law.total
+
+
+cdef Py_ssize_t one_hot_residual_pick(target_logit_t *w, const target_logit_t *row, Py_ssize_t n,
+                                      RowLaw *law, Py_ssize_t x, double *blocks,
+                                      const Controls *c, double u) noexcept nogil:
+    """A draw from the row's law with token x removed, renormalised (one-hot drafts'
+    residual, whatever the prefix ratio: it scales every weight alike).  ``w`` and
+    ``blocks`` are the row's stored weights and block sums; w[x] is set to 0 and its
+    block's sum redone, so no exp is recomputed."""
+    cdef Py_ssize_t b = x // SD_BLOCK, k
+    cdef double total = 0.0
+    w[x] = 0
+    blocks[b] = block_sum(w, b * SD_BLOCK, min(n, (b + 1) * SD_BLOCK))
+    for k in range((n + SD_BLOCK - 1) // SD_BLOCK):
+        total += blocks[k]
+    if total > 0.0:
+        return stored_pick(w, n, blocks, u * total)
+    # Every weight but x's is 0 although x was rejected (only rounding can do this):
+    # fall back on the row's law itself.
+    law.total = expsum(row, n, law, c.inv_t, blocks, <target_logit_t *> NULL)
+    return pick(row, n, law, c.inv_t, blocks, u * law.total)
+
+
+cdef int verify_token_nogil(const target_logit_t *rows, const int64_t *tokens,
+                            Py_ssize_t n_draft, Py_ssize_t n, const draft_weight_t *q,
+                            Py_ssize_t q_stride, const RowLaw *q_laws, bint bonus,
+                            const Controls *c, Workspace work, bitgen_t *bitgen,
+                            Py_ssize_t *n_accepted, Py_ssize_t *token,
+                            Py_ssize_t *row_index) noexcept nogil:
+    """Token-by-token verification (Leviathan et al. 2023); q NULL: one-hot drafts."""
+    cdef RowLaw law_p
+    cdef double p, u, mass
+    cdef Py_ssize_t i, x
+    cdef int err = 0
+    # the current target row's weights, kept for the residual if its draft is rejected
+    cdef target_logit_t *weights_p = <target_logit_t *> work.row_weights
+    cdef const target_logit_t *row
+    cdef const draft_weight_t *q_row = NULL
+    n_accepted[0] = n_draft
+    token[0] = -1
+    for i in range(n_draft):
+        row_index[0] = i
+        row = rows + i * n
+        err = row_law(row, n, c, work, &law_p, weights_p, work.blocks, row + n)
+        if err:
+            return err
+        x = tokens[i]
+        p = <double> weights_p[x] / law_p.total
+        u = bitgen.next_double(bitgen.state)
+        if q == NULL:
+            # one-hot q: keep x with probability p(x); u < p(x) never keeps p(x) = 0
+            if u < p:
+                continue
+            n_accepted[0] = i
+            token[0] = one_hot_residual_pick(weights_p, row, n, &law_p, x, work.blocks, c,
+                                             bitgen.next_double(bitgen.state))
+            return 0
+        q_row = q + i * q_stride
+        if u * draft_probability(q_row, &q_laws[i], x) < p:
+            continue
+        n_accepted[0] = i
+        mass = residual_sum(weights_p, q_row, n, 1.0, law_p.total, q_laws[i].total,
+                            work.blocks)
+        u = bitgen.next_double(bitgen.state)
+        if mass > 0.0:
+            token[0] = residual_pick(weights_p, q_row, n, 1.0, law_p.total, q_laws[i].total,
+                                     work.blocks, u * mass)
+        else:
+            # p and q agree to rounding although the draft was rejected: the
+            # residual is empty in floating point, so fall back on p itself.
+            law_p.total = expsum(row, n, &law_p, c.inv_t, work.blocks, <target_logit_t *> NULL)
+            token[0] = pick(row, n, &law_p, c.inv_t, work.blocks, u * law_p.total)
+        return 0
+    if bonus:
+        row_index[0] = n_draft
+        row = rows + n_draft * n
+        err = row_law(row, n, c, work, &law_p, weights_p, work.blocks)
+        if err:
+            return err
+        token[0] = pick(row, n, &law_p, c.inv_t, work.blocks,
+                        bitgen.next_double(bitgen.state) * law_p.total)
+    return 0
+
+
+cdef int verify_block_nogil(const target_logit_t *rows, const int64_t *tokens,
+                            Py_ssize_t n_draft, Py_ssize_t n, const draft_weight_t *q,
+                            Py_ssize_t q_stride, const RowLaw *q_laws, bint bonus,
+                            const Controls *c, Workspace work, bitgen_t *bitgen,
+                            Py_ssize_t *n_accepted, Py_ssize_t *token,
+                            Py_ssize_t *row_index) noexcept nogil:
+    """Block verification (Sun et al., ICLR 2025, Algorithm 2); q NULL: one-hot drafts.
+
+    With P_i, Q_i the target's and the draft's laws of row i (which predicts draft
+    token X_{i+1}; rows and tokens 0-based here, positions 1-based as in the paper):
+    p_0 = 1, p_{i+1} = min(1, p_i P_i(X_{i+1}) / Q_i(X_{i+1})); the residual of row i
+    is max(0, p_i P_i - Q_i) with mass r_i; h_i = r_i / (r_i + 1 - p_i) for
+    1 <= i < gamma (1 when that is 0 / 0), h_gamma = p_gamma.  One uniform eta_i per
+    position, all drawn first; tau = the largest i with eta_i < h_i (0 if none).  Keep
+    X_1..X_tau, then draw from norm(residual of row tau) if tau < gamma, else the bonus
+    from P_gamma.  ``eta < h`` with eta in [0, 1) has probability h exactly and never
+    selects h = 0 (an empty residual, p_i = 0).
+
+    Storage: each row's weights, block sums and law stay in the workspace (rows x V,
+    grown only when a call has more rows than any before), because tau is known only
+    after the last row and its residual draw needs them: keeping them costs no pass
+    over the vocabulary, where recomputing the chosen row would cost an exp pass and,
+    for model drafts, a residual pass.  The residual block sums computed for h_i are
+    the ones the final draw uses.  For one-hot drafts r_i = p_i (Z_i - w_i(x)) / Z_i
+    in closed form (no residual pass), and the residual is P_i without x.
+    Once p_i = 0, every later h is 0: the rows after it are not read.
+    """
+    cdef Py_ssize_t nb = work.n_blocks, i, x, tau = 0
+    cdef target_logit_t *store = <target_logit_t *> work.store_weights
+    cdef target_logit_t *w_i
+    cdef double *blocks_i
+    cdef RowLaw *law_i
+    cdef const draft_weight_t *q_row = NULL
+    cdef const target_logit_t *row
+    cdef double ratio = 1.0, mass, denom, h, t, qx, u
+    cdef bint reached_end = True
+    cdef int err = 0
+    for i in range(n_draft):
+        work.etas[i] = bitgen.next_double(bitgen.state)
+    for i in range(n_draft):
+        if ratio == 0.0:
+            reached_end = False
+            break
+        row_index[0] = i
+        row = rows + i * n
+        w_i = store + i * n
+        blocks_i = work.store_blocks + i * nb
+        law_i = &work.store_laws[i]
+        err = row_law(row, n, c, work, law_i, w_i, blocks_i, row + n)
+        if err:
+            return err
+        x = tokens[i]
+        if q != NULL:
+            q_row = q + i * q_stride
+        work.store_ratios[i] = ratio
+        if i >= 1:
+            if q == NULL:
+                mass = ratio * ((law_i.total - <double> w_i[x]) / law_i.total)
+            else:
+                mass = residual_sum(w_i, q_row, n, ratio, law_i.total, q_laws[i].total, blocks_i)
+            work.store_masses[i] = mass
+            denom = mass + (1.0 - ratio)
+            h = mass / denom if denom > 0.0 else 1.0
+            if work.etas[i - 1] < h:
+                tau = i
+        qx = draft_probability(q_row, &q_laws[i] if q != NULL else NULL, x)
+        t = ratio * (<double> w_i[x] / law_i.total)
+        ratio = 0.0 if t == 0.0 else (1.0 if t >= qx else t / qx)
+    if reached_end and n_draft > 0 and work.etas[n_draft - 1] < ratio:
+        tau = n_draft
+    n_accepted[0] = tau
+    token[0] = -1
+    if tau == n_draft:
+        if bonus:
+            row_index[0] = n_draft
+            row = rows + n_draft * n
+            law_i = &work.store_laws[n_draft]
+            err = row_law(row, n, c, work, law_i, <target_logit_t *> work.row_weights,
+                          work.blocks)
+            if err:
+                return err
+            token[0] = pick(row, n, law_i, c.inv_t, work.blocks,
+                            bitgen.next_double(bitgen.state) * law_i.total)
+        return 0
+    row = rows + tau * n
+    w_i = store + tau * n
+    blocks_i = work.store_blocks + tau * nb
+    law_i = &work.store_laws[tau]
+    u = bitgen.next_double(bitgen.state)
+    if q == NULL:
+        token[0] = one_hot_residual_pick(w_i, row, n, law_i, tokens[tau], blocks_i, c, u)
+        return 0
+    q_row = q + tau * q_stride
+    if tau == 0:  # row 0's residual (p_0 = 1) is needed only now
+        work.store_masses[0] = residual_sum(w_i, q_row, n, 1.0, law_i.total, q_laws[0].total,
+                                            blocks_i)
+    mass = work.store_masses[tau]
+    if mass > 0.0:
+        token[0] = residual_pick(w_i, q_row, n, work.store_ratios[tau], law_i.total,
+                                 q_laws[tau].total, blocks_i, u * mass)
+    else:
+        # Empty residual in floating point (p_tau P and Q agree to rounding): fall back
+        # on the row's law itself, as the token scheme does.
+        law_i.total = expsum(row, n, law_i, c.inv_t, blocks_i, <target_logit_t *> NULL)
+        token[0] = pick(row, n, law_i, c.inv_t, blocks_i, u * law_i.total)
+    return 0
+
+
+cdef object verify_rows(const target_logit_t *rows, const int64_t *tokens, Py_ssize_t n_draft,
+                        Py_ssize_t n, const draft_weight_t *q, Py_ssize_t q_stride,
+                        const RowLaw *q_laws, bint bonus, const Controls *c, object rng,
+                        Workspace work, bint block):
+    """verify on raw rows: ``rows`` (n_draft + 1, n) C-contiguous; ``q`` NULL for
+    one-hot drafts, else (>= n_draft, n) with rows ``q_stride`` apart."""
+    cdef Py_ssize_t i = 0, best = -1, n_accepted = 0, token = -1
+    cdef int err = 0
+    if c.greedy:
+        with nogil:
+            for i in range(n_draft + 1):
+                if i == n_draft and not bonus:
+                    best = -1
+                    break
+                err = greedy_token(rows + i * n, n, &best)
+                if err or i == n_draft or tokens[i] != best:
+                    break
+        if err:
+            raise InvalidLogitsError(i, err)
+        return i, best
+
+    if block:
+        work.reserve_rows(n_draft + 1)
+    bit_generator = rng.bit_generator
+    cdef bitgen_t *bitgen = bitgen_of(bit_generator)
+    with bit_generator.lock, nogil:
+        if block:
+            err = verify_block_nogil(rows, tokens, n_draft, n, q, q_stride, q_laws, bonus, c,
+                                     work, bitgen, &n_accepted, &token, &i)
+        else:
+            err = verify_token_nogil(rows, tokens, n_draft, n, q, q_stride, q_laws, bonus, c,
+                                     work, bitgen, &n_accepted, &token, &i)
+    if err:
+        raise InvalidLogitsError(i, err)
+    return n_accepted, token
+
+
+cdef object verify_with_target(const target_logit_t[:, ::1] target_rows, const int64_t *tokens,
+                               Py_ssize_t n_draft, object draft_weights,
+                               const RowLaw *q_laws, bint bonus, const Controls *c,
+                               object rng, Workspace work, bint block):
+    """Dispatch on the draft weights' type (or their absence: one-hot drafts)."""
+    cdef const float[:, ::1] q32
+    cdef const double[:, ::1] q64
+    cdef Py_ssize_t n = target_rows.shape[1]
+    cdef const target_logit_t *rows = &target_rows[0, 0]
+    if draft_weights is None or n_draft == 0:
+        return verify_rows(rows, tokens, n_draft, n, <const float *> NULL, 0, q_laws, bonus, c,
+                           rng, work, block)
+    if draft_weights.dtype == np.float32:
+        q32 = draft_weights
+        return verify_rows(rows, tokens, n_draft, n, &q32[0, 0], n, q_laws, bonus, c, rng,
+                           work, block)
+    q64 = draft_weights
+    return verify_rows(rows, tokens, n_draft, n, &q64[0, 0], n, q_laws, bonus, c, rng, work,
+                       block)
+
+
+def verify(target_rows, draft_tokens, draft_weights, draft_laws, bint bonus, object controls,
+           object rng, Workspace work, block=False):
+    """Verify a block of drafted tokens against the target's rows.
+
+    Token by token (``block=False``, Leviathan et al. 2023): keeps each draft token
+    x with probability min(1, p(x) / q(x)) (the test is ``u * q(x) < p(x)``, so a
+    token with p(x) = 0 is never kept, even with u = 0); at the first rejection
+    draws from norm(max(0, p - q)) of that row; when every draft is kept and
+    ``bonus`` is true, draws one more token from the last row.
+
+    Parameters
+    ----------
+    target_rows : ndarray of float32 or float64, shape (n + 1, V), C-contiguous
         The target's logits at the positions predicting each draft token and the
         bonus token: row i predicts ``draft_tokens[i]``.
-    draft_weights : ndarray of float32 or float64, shape (>= n, V)
-        The weights ``sample_token`` returned for each draft token (unused for greedy).
     draft_tokens : ndarray of int64, shape (n,)
         The drafted tokens.
-    draft_laws : ndarray of float64, shape (>= n, 4)
-        The laws ``sample_token`` returned for each draft token (unused for greedy).
+    draft_weights : ndarray of float32 or float64, shape (>= n, V), or None
+        The weights ``sample_token`` (or ``row_laws``) returned for each draft token;
+        None (with ``draft_laws`` None) for one-hot drafts.  Unused for greedy.
+    draft_laws : ndarray of LAW_DTYPE, shape (>= n,), or None
+        The laws that came with ``draft_weights``: q_i = draft_weights[i] /
+        draft_laws[i]["total"].
     bonus : bool
         Whether to draw a bonus token when every draft is kept.
-    temperature, top_k, top_p, min_p, rng, work
+    controls : specdec._validation.SamplingControls
         As for ``sample_token``; the same controls must have made the drafts.
+    rng, work
+        As for ``sample_token``.
+    block : bool, default False
+        Block verification instead of token by token.
 
     Returns
     -------
@@ -386,76 +738,28 @@ def verify(const target_t[:, ::1] target_rows, const draft_t[:, ::1] draft_weigh
 
     Raises
     ------
+    TypeError, ValueError
+        Arguments of the wrong type, dtype or shape, or a draft token outside [0, V).
     InvalidLogitsError
         A target row that the decision needed holds no law; ``row`` says which.
     """
-    cdef Py_ssize_t n_draft = draft_tokens.shape[0]
-    cdef Py_ssize_t n = target_rows.shape[1]
-    cdef Py_ssize_t i
-    if (target_rows.shape[0] != n_draft + 1 or draft_weights.shape[0] < n_draft
-            or draft_weights.shape[1] != n or draft_laws.shape[0] < n_draft
-            or draft_laws.shape[1] < 4 or n != work.vocab_size):
-        raise ValueError("verify: the shapes of the rows, tokens, laws and work disagree")
-    for i in range(n_draft):
-        if not 0 <= draft_tokens[i] < n:
-            raise ValueError(f"verify: draft token {draft_tokens[i]} is outside [0, {n})")
-
-    cdef int bad = 0, err = 0
-    cdef double m
-    cdef Py_ssize_t best
-    if temperature == 0.0:
-        for i in range(n_draft + 1):
-            if i == n_draft and not bonus:
-                return n_draft, -1
-            m = row_max(&target_rows[i, 0], n, &bad)
-            if bad:
-                raise InvalidLogitsError(i, NONFINITE_LOGITS)
-            if m == -INFINITY:
-                raise InvalidLogitsError(i, ALL_MASKED_LOGITS)
-            best = first_index(&target_rows[i, 0], n, m)
-            if i == n_draft or draft_tokens[i] != best:
-                return i, best
-
-    cdef Controls c = make_controls(temperature, top_k, top_p, min_p)
-    cdef double law_p[4]
-    cdef double p, q, u, mass
-    cdef Py_ssize_t n_accepted = n_draft, token = -1, x
-    # the current target row's weights, kept for the residual if its draft is rejected
-    cdef target_t *weights_p = <target_t *> work.row_weights
-    bit_generator = rng.bit_generator
-    cdef bitgen_t *bitgen = bitgen_of(bit_generator)
-    with bit_generator.lock, nogil:
-        for i in range(n_draft):
-            err = row_law(&target_rows[i, 0], n, &c, work, law_p, weights_p,
-                          &target_rows[i + 1, 0])
-            if err:
-                break
-            x = draft_tokens[i]
-            p = <double> weights_p[x] / law_p[3]
-            q = <double> draft_weights[i, x] / draft_laws[i, 3]
-            u = bitgen.next_double(bitgen.state)
-            if u * q < p:
-                continue
-            n_accepted = i
-            mass = residual_sum(weights_p, &draft_weights[i, 0], n, law_p[3], draft_laws[i, 3],
-                                work.blocks)
-            u = bitgen.next_double(bitgen.state)
-            if mass > 0.0:
-                token = residual_pick(weights_p, &draft_weights[i, 0], n, law_p[3],
-                                      draft_laws[i, 3], work.blocks, u * mass)
-            else:
-                # p and q agree to rounding although the draft was rejected: the
-                # residual is empty in floating point, so fall back on p itself.
-                law_p[3] = expsum(&target_rows[i, 0], n, law_p, c.inv_t, work.blocks,
-                                  <target_t *> NULL)
-                token = pick(&target_rows[i, 0], n, law_p, c.inv_t, work.blocks, u * law_p[3])
-            break
-        if err == 0 and n_accepted == n_draft and bonus:
-            i = n_draft
-            err = row_law(&target_rows[i, 0], n, &c, work, law_p, weights_p)
-            if err == 0:
-                token = pick(&target_rows[i, 0], n, law_p, c.inv_t, work.blocks,
-                             bitgen.next_double(bitgen.state) * law_p[3])
-    if err:
-        raise InvalidLogitsError(i, err)
-    return n_accepted, token
+    check_verify_args(target_rows, draft_tokens, draft_weights, draft_laws, block,
+                      work.vocab_size)
+    cdef Controls c = unpack_controls(controls)
+    cdef const int64_t[::1] tokens = np.ascontiguousarray(draft_tokens, dtype=np.int64)
+    cdef Py_ssize_t n_draft = tokens.shape[0]
+    cdef const RowLaw[::1] q_laws
+    cdef const RowLaw *q_law_ptr = NULL
+    if draft_laws is not None and n_draft > 0:
+        q_laws = draft_laws
+        q_law_ptr = &q_laws[0]
+    cdef const int64_t *token_ptr = &tokens[0] if n_draft > 0 else NULL
+    cdef const float[:, ::1] t32
+    cdef const double[:, ::1] t64
+    if target_rows.dtype == np.float32:
+        t32 = target_rows
+        return verify_with_target[float](t32, token_ptr, n_draft, draft_weights, q_law_ptr,
+                                         bonus, &c, rng, work, block)
+    t64 = target_rows
+    return verify_with_target[double](t64, token_ptr, n_draft, draft_weights, q_law_ptr, bonus,
+                                      &c, rng, work, block)

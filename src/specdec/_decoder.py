@@ -1,21 +1,22 @@
 """The speculative decoding loop and plain sampling, shared by both backends.
 
-The loop is thin Python: it keeps the sequence in one preallocated int64 buffer,
-hands the models read-only views of it, and calls two kernels per step
-(``sample_token`` per draft token, ``verify`` per target pass) from
-``specdec._core`` or its twin ``specdec._fallback``.
+The loop is thin Python: it keeps the sequence in one int64 buffer, hands the models
+read-only views of it, gets each step's draft from a draft model (``sample_token`` per
+token) or a deterministic drafter (one-hot drafts), and calls ``verify`` once per
+target pass, from ``specdec._core`` or its twin ``specdec._fallback``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from specdec._backend import kernels_for
 from specdec._calling import ModelCaller
-from specdec._common import InvalidLogitsError
+from specdec._common import LAW_DTYPE, InvalidLogitsError
+from specdec._drafting import DraftRows, DraftSources
+from specdec._stats import SpeculativeDecodingStats
 from specdec._validation import (
     SamplingControls,
     as_generator,
@@ -24,64 +25,12 @@ from specdec._validation import (
     check_max_new_tokens,
     check_prompt,
     check_token_range,
+    check_verification,
     make_rng,
 )
+from specdec.drafters.length import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 
-
-@dataclass
-class SpeculativeDecodingStats:
-    """Statistics of one generation.
-
-    The first four fields and the two properties mean what they meant in the
-    reference loop; ``total_draft_tokens_accepted`` counts the kept *prefix* of each
-    draft, never a position whose test passed after a rejection.
-
-    Attributes
-    ----------
-    total_tokens_generated : int
-        New tokens appended (accepted drafts, residual and bonus tokens).
-    total_draft_tokens_proposed : int
-        Draft tokens proposed.
-    total_draft_tokens_accepted : int
-        Draft tokens kept.
-    num_target_forward_passes : int
-        Calls of the target model.
-    num_draft_forward_passes : int
-        Calls of the draft model.
-    accepted_length_histogram : list of int
-        Entry k counts the steps that kept exactly k drafts (length gamma + 1).
-    draft_time, target_time, decoder_time : float
-        Seconds spent in the draft model, in the target model and in specdec itself.
-    """
-
-    total_tokens_generated: int = 0
-    total_draft_tokens_proposed: int = 0
-    total_draft_tokens_accepted: int = 0
-    num_target_forward_passes: int = 0
-    num_draft_forward_passes: int = 0
-    accepted_length_histogram: list = field(default_factory=list)
-    draft_time: float = 0.0
-    target_time: float = 0.0
-    decoder_time: float = 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted draft tokens over proposed ones (0 when none was proposed)."""
-        if self.total_draft_tokens_proposed == 0:
-            return 0.0
-        return self.total_draft_tokens_accepted / self.total_draft_tokens_proposed
-
-    @property
-    def tokens_per_step(self) -> float:
-        """New tokens per target pass (0 before the first pass)."""
-        if self.num_target_forward_passes == 0:
-            return 0.0
-        return self.total_tokens_generated / self.num_target_forward_passes
-
-    @property
-    def wall_time(self) -> float:
-        """Seconds of the whole call: models plus decoder."""
-        return self.draft_time + self.target_time + self.decoder_time
+DRAFT_LENGTHS = ("auto", "fixed", "adaptive")
 
 
 class _Run:
@@ -115,20 +64,46 @@ class _Run:
         readonly = np.frombuffer(memoryview(tokens).toreadonly(), dtype=np.int64)
         self.ids = readonly[np.newaxis, :]
 
-    def result(self, stats: SpeculativeDecodingStats, *callers: ModelCaller):
+    def sequence(self) -> np.ndarray:
+        """The kept sequence, as a read-only 1-D view (for drafters)."""
+        return self.ids[0, : self.length]
+
+    def result(self, stats: SpeculativeDecodingStats, *callers):
         elapsed = time.perf_counter() - self.started
-        models = sum(caller.elapsed for caller in callers)
+        models = sum(caller.elapsed for caller in callers if caller is not None)
         stats.decoder_time = max(elapsed - models, 0.0)
         return self.tokens[: self.length].tolist(), stats
 
 
 def _check_declared_vocab(prompt, eos, *callers: ModelCaller) -> None:
     """Check ids against the vocabulary the models declare, before any call."""
-    declared = [caller.vocab_size for caller in callers if caller.vocab_size is not None]
+    declared = [caller.vocab_size for caller in callers
+                if caller is not None and caller.vocab_size is not None]
     if len(declared) == 2:
         _check_same_vocab(*declared)
     if declared:
         check_token_range(prompt, eos, declared[0])
+
+
+def _check_same_vocab(draft_size: int, target_size: int) -> None:
+    if draft_size != target_size:
+        raise ValueError(
+            f"draft_model and target_model disagree on the vocabulary: the draft has "
+            f"{draft_size} tokens, the target {target_size}"
+        )
+
+
+def _check_proposal_range(drafted: np.ndarray, vocab_size: int | None, name: str) -> None:
+    """A drafter's ids must lie in the target's vocabulary (once it is known)."""
+    if vocab_size is not None and drafted.max() >= vocab_size:
+        raise ValueError(f"drafter {name} proposed token id {drafted.max()}, outside the "
+                         f"target's vocabulary [0, {vocab_size})")
+
+
+def _check_choice(value, name: str, choices) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
 
 
 class SpeculativeDecoder:
@@ -139,10 +114,14 @@ class SpeculativeDecoder:
     law is exactly the target model's at the given temperature (after top-k, top-p
     and min-p, which are applied identically to both models).
 
+    The public attributes (``gamma``, ``temperature``, ``top_k``, ``top_p``,
+    ``min_p``, ``verification``, ``draft_length``) are live, as in the reference:
+    each ``generate`` reads them, and setting one checks it like the constructor.
+
     Parameters
     ----------
     gamma : int, default 4
-        Draft tokens proposed per target pass.
+        Draft tokens proposed per target pass (with an adaptive draft length: the most).
     temperature : float, default 1.0
         Sampling temperature of both models.  0 is exact greedy decoding: a draft is
         kept iff it is the target's argmax (ties to the lowest id) and no random
@@ -156,6 +135,18 @@ class SpeculativeDecoder:
         Keep the smallest set of most likely tokens holding ``top_p`` of the mass.
     min_p : float in [0, 1), optional
         Keep tokens at least ``min_p`` times as likely as the most likely one.
+    verification : {"block", "token"}, default "block"
+        How a draft is verified.  ``"block"``: block verification (Sun et al.,
+        "Block Verification Accelerates Speculative Decoding", ICLR 2025), which
+        judges the draft jointly and keeps at least as many tokens in expectation.
+        ``"token"``: token by token (Leviathan et al. 2023), the reference loop's
+        decisions.  Both are exact (the output law is the target's) and identical
+        under greedy decoding.
+    draft_length : {"auto", "fixed", "adaptive"} or DraftLengthPolicy, default "auto"
+        ``"fixed"`` drafts ``gamma`` tokens per step (the reference's rule);
+        ``"adaptive"`` uses :class:`specdec.drafters.AdaptiveDraftLength`, which drafts
+        as many as pay off, possibly none; ``"auto"`` is adaptive for drafters and
+        fixed for a plain draft model.
     backend : {"cython", "python"}, optional
         Kernel backend; default :data:`specdec.BACKEND`.
 
@@ -166,14 +157,65 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, gamma: int = 4, temperature: float = 1.0, *, seed=None, top_k=None,
-                 top_p=None, min_p=None, backend=None):
-        self.gamma = check_gamma(gamma)
-        self._controls = SamplingControls.from_user(temperature, top_k, top_p, min_p)
-        self.temperature = temperature
-        self.top_k, self.top_p, self.min_p = top_k, top_p, min_p
+                 top_p=None, min_p=None, verification: str = "block", draft_length="auto",
+                 backend=None):
+        SamplingControls.from_user(temperature, top_k, top_p, min_p)
+        self._controls_values = {"temperature": temperature, "top_k": top_k,
+                                 "top_p": top_p, "min_p": min_p}
+        self.gamma = gamma
+        self.verification = verification
+        self.draft_length = draft_length
         self._kernels = kernels_for(backend)
         self.backend = "python" if self._kernels.__name__.endswith("_fallback") else "cython"
         self._rng = None if seed is None else as_generator(seed, "seed")
+
+    # --- live, validated attributes -----------------------------------------------------
+
+    @property
+    def gamma(self) -> int:
+        """Draft tokens per target pass (the most, with an adaptive draft length)."""
+        return self._gamma
+
+    @gamma.setter
+    def gamma(self, value) -> None:
+        self._gamma = check_gamma(value)
+
+    @property
+    def verification(self) -> str:
+        """``"block"`` or ``"token"``."""
+        return self._verification
+
+    @verification.setter
+    def verification(self, value) -> None:
+        self._verification = check_verification(value)
+
+    @property
+    def draft_length(self):
+        """``"auto"``, ``"fixed"``, ``"adaptive"`` or a draft-length policy."""
+        return self._draft_length
+
+    @draft_length.setter
+    def draft_length(self, value) -> None:
+        if not isinstance(value, DraftLengthPolicy):
+            _check_choice(value, "draft_length", DRAFT_LENGTHS)
+        self._draft_length = value
+
+    def _control(name: str, doc: str):  # noqa: N805 - a property factory, used below
+        def get(self):
+            return self._controls_values[name]
+
+        def set_(self, value):
+            values = dict(self._controls_values, **{name: value})
+            SamplingControls.from_user(**values)  # the constructor's checks and messages
+            self._controls_values = values
+
+        return property(get, set_, doc=doc)
+
+    temperature = _control("temperature", "Sampling temperature; 0 is greedy decoding.")
+    top_k = _control("top_k", "Top-k control, or None.")
+    top_p = _control("top_p", "Top-p (nucleus) control, or None.")
+    min_p = _control("min_p", "Min-p control, or None.")
+    del _control
 
     def __repr__(self) -> str:
         controls = "".join(
@@ -182,7 +224,18 @@ class SpeculativeDecoder:
             if value is not None
         )
         return (f"SpeculativeDecoder(gamma={self.gamma}, temperature={self.temperature!r}"
-                f"{controls}, backend={self.backend!r})")
+                f"{controls}, verification={self.verification!r}, "
+                f"draft_length={self.draft_length!r}, backend={self.backend!r})")
+
+    def _policy(self, sources: DraftSources) -> DraftLengthPolicy:
+        choice = self.draft_length
+        if isinstance(choice, DraftLengthPolicy):
+            return choice
+        if choice == "auto":
+            choice = "fixed" if not sources.drafters else "adaptive"
+        return FixedDraftLength() if choice == "fixed" else AdaptiveDraftLength()
+
+    # --- the loop -----------------------------------------------------------------------
 
     def generate(self, draft_model, target_model, prompt_ids, max_new_tokens: int = 50,
                  eos_token_id=None, *, rng=None):
@@ -190,11 +243,15 @@ class SpeculativeDecoder:
 
         Parameters
         ----------
-        draft_model, target_model : model
-            Objects with ``forward(ids[1, L]) -> logits[1, L, V]`` (or such callables);
-            both must share the vocabulary.  A ``forward`` that accepts
-            ``logits_to_keep`` is asked for the trailing rows only.
-        prompt_ids : sequence of int
+        draft_model : model, Drafter or Chain
+            A model with ``forward(ids[1, L]) -> logits[1, L, V]`` (or such a
+            callable) sharing the target's vocabulary; or a deterministic drafter
+            (:class:`specdec.drafters.Drafter`, such as ``PromptLookup``); or a
+            :class:`specdec.drafters.Chain` of drafters and at most one model.
+        target_model : model
+            A model as above.  A ``forward`` that accepts ``logits_to_keep`` is
+            asked for the trailing rows only.
+        prompt_ids : sequence of int, shape (L,) or (1, L)
             Non-empty prompt.
         max_new_tokens : int, default 50
             Upper bound on new tokens; 0 returns the prompt.
@@ -211,78 +268,123 @@ class SpeculativeDecoder:
         stats : SpeculativeDecodingStats
             Counts and timings of the call.
         """
-        draft = ModelCaller(draft_model, "draft_model")
+        sources = DraftSources(draft_model)
         target = ModelCaller(target_model, "target_model")
         prompt = check_prompt(prompt_ids)
         max_new_tokens = check_max_new_tokens(max_new_tokens)
         eos = check_eos(eos_token_id)
         generator = make_rng(rng) if rng is not None or self._rng is None else self._rng
+        draft = sources.model
         _check_declared_vocab(prompt, eos, draft, target)
+        controls = SamplingControls.from_user(**self._controls_values)
+        block = self.verification == "block"
+        gamma = self.gamma
+        policy = self._policy(sources)
+        policy.start(gamma, getattr(target_model, "speculation_cost", None))
+        kernels = self._kernels
 
         run = _Run(prompt, max_new_tokens)
-        stats = SpeculativeDecodingStats(accepted_length_histogram=[0] * (self.gamma + 1))
-        kernels, controls = self._kernels, self._controls.kernel_args
-        # Per draft token: its law and its weights (q = weights / law[3]), kept for
-        # verify, so the draft's output array itself is never held on to.
-        draft_weights = laws = work = None
-        gamma = min(self.gamma, max_new_tokens)
+        stats = SpeculativeDecodingStats(accepted_length_histogram=[0] * (gamma + 1),
+                                         draft_length_histogram=[0] * (gamma + 1))
+        rows_q = DraftRows()
+        work = None
+        sources.start(run.sequence())
         while run.length < run.limit:
             start = run.length
-            run.reserve(start + gamma + 1)
-            n_draft = 0
-            while n_draft < gamma and start + n_draft < run.limit:
-                position = start + n_draft
-                row = draft.last_rows(run.ids[:, :position], 1)[0]
-                if work is None:  # first call: the vocabulary and the dtype are known
-                    check_token_range(prompt, eos, draft.vocab_size)
-                    work = kernels.Workspace(draft.vocab_size)
-                    laws = np.zeros((gamma, 4))
-                    draft_weights = np.empty((gamma, draft.vocab_size), dtype=row.dtype)
-                try:
-                    token = kernels.sample_token(row, *controls, generator, laws[n_draft],
-                                                 draft_weights[n_draft], work)
-                except InvalidLogitsError as error:
-                    raise draft.invalid_logits(error, position - 1) from None
-                run.tokens[position] = token
-                n_draft += 1
-                if token == eos:
-                    break
+            budget = min(gamma, run.limit - start)
+            run.reserve(start + budget + 1)
+            source, evidence, proposal = sources.propose(run.sequence(), budget)
+            key = (source, evidence)
+            weights = laws = None
+            if proposal is None:  # the draft model's turn: sample it
+                n_draft, work = self._draft_from_model(
+                    draft, run, start, policy.length(key, budget), policy.p_min, rows_q,
+                    controls, generator, work, prompt, eos)
+                if n_draft:
+                    weights, laws = rows_q.weights, rows_q.laws
+            else:
+                n_draft = policy.length(key, len(proposal)) if len(proposal) else 0
+                if eos is not None and n_draft:
+                    hits = np.flatnonzero(proposal[:n_draft] == eos)
+                    n_draft = int(hits[0]) + 1 if len(hits) else n_draft
+                run.tokens[start:start + n_draft] = proposal[:n_draft]
 
+            if n_draft and proposal is not None:
+                _check_proposal_range(run.tokens[start:start + n_draft], target.vocab_size,
+                                      sources.names[source])
+            seconds = target.elapsed
             rows = target.last_rows(run.ids[:, :start + n_draft], n_draft + 1)
+            seconds = target.elapsed - seconds
             if target.calls == 1:
-                _check_same_vocab(draft.vocab_size, target.vocab_size)
+                if draft is not None and draft.vocab_size is not None:
+                    _check_same_vocab(draft.vocab_size, target.vocab_size)
+                check_token_range(prompt, eos, target.vocab_size)
+            if work is None:
+                work = kernels.Workspace(target.vocab_size)
             drafted = run.tokens[start:start + n_draft]
-            bonus = drafted[-1] != eos and start + n_draft < run.limit
+            if target.calls == 1 and n_draft and proposal is not None:
+                _check_proposal_range(drafted, target.vocab_size, sources.names[source])
+            bonus = (n_draft == 0 or drafted[-1] != eos) and start + n_draft < run.limit
             try:
-                n_accepted, token = kernels.verify(rows, draft_weights, drafted, laws, bonus,
-                                                   *controls, generator, work)
+                n_kept, token = kernels.verify(rows, drafted, weights, laws, bonus, controls,
+                                               generator, work, block)
             except InvalidLogitsError as error:
                 raise target.invalid_logits(error, start - 1) from None
-            new = n_accepted
+            new = n_kept
             if token >= 0:
-                run.tokens[start + n_accepted] = token
+                run.tokens[start + n_kept] = token
                 new += 1
             run.length = start + new
+            name = sources.names[source] if n_draft else None
+            stats.record_step(name, n_draft, n_kept, new)
 
-            stats.total_draft_tokens_proposed += n_draft
-            stats.total_draft_tokens_accepted += n_accepted
-            stats.total_tokens_generated += new
-            stats.num_target_forward_passes += 1
-            stats.accepted_length_histogram[n_accepted] += 1
+            shadow = None
+            if (proposal is not None and len(proposal) > n_draft == n_kept and token >= 0):
+                shadow = bool(token == proposal[n_draft])
+            if source >= 0:
+                policy.observe(key, n_draft, n_kept, seconds, shadow)
+            sources.extend(run.sequence(), new)
             if eos is not None and run.tokens[run.length - 1] == eos:
                 break
 
-        stats.num_draft_forward_passes = draft.calls
-        stats.draft_time, stats.target_time = draft.elapsed, target.elapsed
+        if draft is not None:
+            stats.num_draft_forward_passes = draft.calls
+            stats.draft_time = draft.elapsed
+        stats.target_time = target.elapsed
         return run.result(stats, draft, target)
 
+    def _draft_from_model(self, draft, run, start, n_max, p_min, rows_q, controls,
+                          generator, work, prompt, eos):
+        """Sample up to ``n_max`` draft tokens from the draft model into the run's buffer.
 
-def _check_same_vocab(draft_size: int, target_size: int) -> None:
-    if draft_size != target_size:
-        raise ValueError(
-            f"draft_model and target_model disagree on the vocabulary: the draft has "
-            f"{draft_size} tokens, the target {target_size}"
-        )
+        Stops early at ``eos`` and, with ``p_min``, at a token whose row's top
+        probability is below it (that token is dropped).  Returns the number drafted and
+        the workspace (made at the first draft row, when the vocabulary is known).
+        """
+        kernels = self._kernels
+        n_draft = 0
+        while n_draft < n_max:
+            position = start + n_draft
+            row = draft.last_rows(run.ids[:, :position], 1)[0]
+            if work is None:  # first call: the vocabulary and the dtype are known
+                check_token_range(prompt, eos, draft.vocab_size)
+                work = kernels.Workspace(draft.vocab_size)
+            rows_q.reserve(n_max, draft.vocab_size, row.dtype)
+            try:
+                token = kernels.sample_token(row, controls, generator,
+                                             rows_q.laws[n_draft:n_draft + 1],
+                                             rows_q.weights[n_draft], work)
+            except InvalidLogitsError as error:
+                raise draft.invalid_logits(error, position - 1) from None
+            if p_min > 0.0 and controls.temperature > 0.0:
+                top = float(rows_q.weights[n_draft].max()) / rows_q.laws[n_draft]["total"]
+                if top < p_min:
+                    break
+            run.tokens[position] = token
+            n_draft += 1
+            if token == eos:
+                break
+        return n_draft, work
 
 
 def sample(target_model, prompt_ids, max_new_tokens: int = 50, eos_token_id=None, *,
@@ -297,7 +399,7 @@ def sample(target_model, prompt_ids, max_new_tokens: int = 50, eos_token_id=None
     ----------
     target_model : model
         As for :meth:`SpeculativeDecoder.generate`.
-    prompt_ids : sequence of int
+    prompt_ids : sequence of int, shape (L,) or (1, L)
         Non-empty prompt.
     max_new_tokens : int, default 50
         Upper bound on new tokens.
@@ -323,14 +425,14 @@ def sample(target_model, prompt_ids, max_new_tokens: int = 50, eos_token_id=None
     prompt = check_prompt(prompt_ids)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     eos = check_eos(eos_token_id)
-    controls = SamplingControls.from_user(temperature, top_k, top_p, min_p).kernel_args
+    controls = SamplingControls.from_user(temperature, top_k, top_p, min_p)
     kernels = kernels_for(backend)
     generator = make_rng(rng, seed)
     _check_declared_vocab(prompt, eos, target)
 
     run = _Run(prompt, max_new_tokens)
-    stats = SpeculativeDecodingStats(accepted_length_histogram=[0])
-    law = np.zeros(4)
+    stats = SpeculativeDecodingStats(accepted_length_histogram=[0], draft_length_histogram=[0])
+    law = np.zeros(1, LAW_DTYPE)
     weights = work = None
     while run.length < run.limit:
         run.reserve(run.length + 1)
@@ -340,14 +442,12 @@ def sample(target_model, prompt_ids, max_new_tokens: int = 50, eos_token_id=None
             work = kernels.Workspace(target.vocab_size)
             weights = np.empty(target.vocab_size, dtype=row.dtype)
         try:
-            token = kernels.sample_token(row, *controls, generator, law, weights, work)
+            token = kernels.sample_token(row, controls, generator, law, weights, work)
         except InvalidLogitsError as error:
             raise target.invalid_logits(error, run.length - 1) from None
         run.tokens[run.length] = token
         run.length += 1
-        stats.total_tokens_generated += 1
-        stats.num_target_forward_passes += 1
-        stats.accepted_length_histogram[0] += 1
+        stats.record_step(None, 0, 0, 1)
         if token == eos:
             break
     stats.target_time = target.elapsed

@@ -9,11 +9,14 @@ Used when ``SPECDEC_PUREPYTHON=1`` or when the extension was not built.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from specdec._common import (ALL_MASKED_LOGITS, BLOCK_SIZE, EMPTY_LAW, NONFINITE_LOGITS,
-                              SHIFT_LIMIT, InvalidLogitsError)
+                              SHIFT_LIMIT, InvalidLogitsError, check_laws, check_row_laws_args,
+                              check_verify_args)
+from specdec._validation import SamplingControls
 
 
 class Workspace:
@@ -33,6 +36,24 @@ class Workspace:
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         self.vocab_size = vocab_size
+
+
+class _Law(NamedTuple):
+    """A row law (the fields of LAW_DTYPE)."""
+
+    shift: float
+    tau: float
+    zmin: float
+    total: float
+
+
+def _controls(controls):
+    """(inv_t, top_k, top_p, min_p) of a SamplingControls, inv_t = inf for greedy."""
+    if not isinstance(controls, SamplingControls):
+        raise TypeError("controls must be a specdec._validation.SamplingControls, got "
+                        f"{type(controls).__name__}")
+    t = controls.temperature
+    return (math.inf if t == 0.0 else 1.0 / t), controls.top_k, controls.top_p, controls.min_p
 
 
 def _row_max(row: np.ndarray, index: int) -> float:
@@ -90,15 +111,15 @@ def _exp_f64(z):
     return p * scale
 
 
-def _weights(x: np.ndarray, law, inv_t: float) -> np.ndarray:
-    """Unnormalised weights of a row under ``law = (m, tau, zmin, ...)``, in the row's
+def _weights(x: np.ndarray, shift: float, tau: float, zmin: float, inv_t: float) -> np.ndarray:
+    """Unnormalised weights of a row under a law (shift, tau, zmin), in the row's
     dtype: ``sd_weight_*`` of _kernels.h."""
     real = x.dtype.type
-    z = (x - real(law[0])) * real(inv_t)
+    z = (x - real(shift)) * real(inv_t)
     with np.errstate(all="ignore"):  # z = -inf or below the bound: masked below
         w = _exp_f32(z) if real is _F32 else _exp_f64(z)
-    zlow = max(real(law[2]), _LOWEST[x.dtype])
-    w[~((x >= real(law[1])) & (z >= zlow))] = 0.0
+    zlow = max(real(zmin), _LOWEST[x.dtype])
+    w[~((x >= real(tau)) & (z >= zlow))] = 0.0
     return w
 
 
@@ -122,7 +143,7 @@ def _top_p_threshold(x: np.ndarray, w: np.ndarray, top_p: float) -> float:
 
 def _row_law(row: np.ndarray, index: int, inv_t: float, top_k: int, top_p: float,
              min_p: float):
-    """(law, w): the row's law [m, tau, zmin, Z] and its weights in float64.
+    """(law, w): the row's ``_Law`` and its weights (row's dtype) in float64.
 
     Without controls, m is the shift row_law in _core.pyx uses: the first block's
     maximum, unless the row's maximum lies more than SHIFT_LIMIT above it."""
@@ -133,26 +154,24 @@ def _row_law(row: np.ndarray, index: int, inv_t: float, top_k: int, top_p: float
             m = _row_max(row, index)
             if (m - shift) * inv_t > SHIFT_LIMIT:
                 shift = m
-            law = [shift, -math.inf, -math.inf, 0.0]
-            w = _weights(row, law, inv_t).astype(np.float64)
-            law[3] = float(w.sum())
-            if not law[3] > 0.0:
+            w = _weights(row, shift, -math.inf, -math.inf, inv_t).astype(np.float64)
+            total = float(w.sum())
+            if not total > 0.0:
                 raise InvalidLogitsError(index, EMPTY_LAW)
-            return law, w
+            return _Law(shift, -math.inf, -math.inf, total), w
     m = _row_max(row, index)
     tau = -math.inf
     if 0 < top_k < n:
         tau = float(np.partition(row, n - top_k)[n - top_k])
     if top_p < 1.0:
-        w_kept = _weights(row, (m, tau, -math.inf), inv_t).astype(np.float64)
+        w_kept = _weights(row, m, tau, -math.inf, inv_t).astype(np.float64)
         tau = max(tau, _top_p_threshold(row.astype(np.float64), w_kept, top_p))
     zmin = math.log(min_p) if min_p > 0.0 else -math.inf
-    law = [m, tau, zmin, 0.0]
-    w = _weights(row, law, inv_t).astype(np.float64)
-    law[3] = float(w.sum())
-    if not law[3] > 0.0:
+    w = _weights(row, m, tau, zmin, inv_t).astype(np.float64)
+    total = float(w.sum())
+    if not total > 0.0:
         raise InvalidLogitsError(index, EMPTY_LAW)
-    return law, w
+    return _Law(m, tau, zmin, total), w
 
 
 def _pick(w: np.ndarray, u: float) -> int:
@@ -164,43 +183,53 @@ def _pick(w: np.ndarray, u: float) -> int:
     return i
 
 
-def sample_token(logits, temperature, top_k, top_p, min_p, rng, law_out, weights_out, work):
+def sample_token(logits, controls, rng, law_out, weights_out, work):
     """Draw one token from a row of logits under the sampling controls.
 
     Twin of ``specdec._core.sample_token``; see its docstring.
     """
-    if len(logits) != work.vocab_size or len(weights_out) != len(logits) or len(law_out) < 4:
+    inv_t, top_k, top_p, min_p = _controls(controls)
+    check_laws(law_out, "law_out", 1)
+    if len(logits) != work.vocab_size or len(weights_out) != len(logits):
         raise ValueError("logits, law_out, weights_out and work do not match in size")
     if weights_out.dtype != logits.dtype:
         raise ValueError("weights_out must have the dtype of logits")
-    if temperature == 0.0:
+    if inv_t == math.inf:
         _row_max(logits, 0)
         return int(np.argmax(logits))
-    law, w = _row_law(logits, 0, 1.0 / temperature, top_k, top_p, min_p)
-    law_out[:4] = law
+    law, w = _row_law(logits, 0, inv_t, top_k, top_p, min_p)
+    law_out[0] = law
     weights_out[:] = w
     return _pick(w, rng.random())
 
 
-def verify(target_rows, draft_weights, draft_tokens, draft_laws, bonus, temperature, top_k,
-           top_p, min_p, rng, work):
+def row_laws(rows, controls, laws_out, weights_out, work):
+    """The law and the weights of each of n rows under the sampling controls.
+
+    Twin of ``specdec._core.row_laws``; see its docstring.
+    """
+    check_row_laws_args(rows, laws_out, weights_out, work.vocab_size)
+    inv_t, top_k, top_p, min_p = _controls(controls)
+    for i, row in enumerate(rows):
+        if inv_t == math.inf:
+            _row_max(row, i)
+            continue
+        law, w = _row_law(row, i, inv_t, top_k, top_p, min_p)
+        laws_out[i] = law
+        weights_out[i] = w
+
+
+def verify(target_rows, draft_tokens, draft_weights, draft_laws, bonus, controls, rng, work,
+           block=False):
     """Verify a block of drafted tokens against the target's rows.
 
     Twin of ``specdec._core.verify``; see its docstring.
     """
+    check_verify_args(target_rows, draft_tokens, draft_weights, draft_laws, block,
+                      work.vocab_size)
+    inv_t, top_k, top_p, min_p = _controls(controls)
     n_draft = len(draft_tokens)
-    if target_rows.ndim != 2 or draft_weights.ndim != 2 or np.ndim(draft_laws) != 2:
-        raise ValueError("verify: target_rows, draft_weights and draft_laws must be 2-D")
-    n = target_rows.shape[1]
-    if (target_rows.shape[0] != n_draft + 1 or draft_weights.shape[0] < n_draft
-            or draft_weights.shape[1] != n or len(draft_laws) < n_draft
-            or np.shape(draft_laws)[1] < 4 or n != work.vocab_size):
-        raise ValueError("verify: the shapes of the rows, tokens, laws and work disagree")
-    for token in draft_tokens:
-        if not 0 <= token < n:
-            raise ValueError(f"verify: draft token {token} is outside [0, {n})")
-
-    if temperature == 0.0:
+    if inv_t == math.inf:
         for i in range(n_draft + 1):
             if i == n_draft and not bonus:
                 return n_draft, -1
@@ -208,27 +237,87 @@ def verify(target_rows, draft_weights, draft_tokens, draft_laws, bonus, temperat
             best = int(np.argmax(target_rows[i]))
             if i == n_draft or draft_tokens[i] != best:
                 return i, best
+    laws = [None] * (n_draft + 1)  # (law, weights) of each target row, when computed
 
-    inv_t = 1.0 / temperature
-    for i in range(n_draft):
-        law_p, w_p = _row_law(target_rows[i], i, inv_t, top_k, top_p, min_p)
-        token = int(draft_tokens[i])
-        law_q = draft_laws[i]
-        p = w_p[token] / law_p[3]
-        q = float(draft_weights[i, token]) / law_q[3]
-        if rng.random() * q < p:
-            continue
-        p_row = w_p * (1.0 / law_p[3])
-        q_row = draft_weights[i].astype(np.float64) * (1.0 / law_q[3])
+    def row(i):
+        if laws[i] is None:
+            laws[i] = _row_law(target_rows[i], i, inv_t, top_k, top_p, min_p)
+        return laws[i]
+
+    one_hot = draft_weights is None
+    q_totals = None if one_hot else draft_laws["total"]
+
+    def q_of(i, x):
+        """q(x) of draft row i (1 for one-hot drafts)."""
+        return 1.0 if one_hot else float(draft_weights[i, x]) / float(q_totals[i])
+
+    def residual(i, scale):
+        """Residual weights of target row i at prefix ratio ``scale``: max(0, scale p - q);
+        for one-hot drafts p without the draft token (scale cancels)."""
+        law_p, w_p = row(i)
+        if one_hot:
+            rest = w_p.copy()
+            rest[int(draft_tokens[i])] = 0.0
+            return rest
+        p_row = w_p * (scale / law_p.total)
+        q_row = draft_weights[i].astype(np.float64) * (1.0 / float(q_totals[i]))
         # A comparison, not a clamp of the difference: the support is exactly p > q.
-        residual = np.where(p_row > q_row, p_row - q_row, 0.0)
-        u = rng.random()
-        if residual.sum() > 0.0:
-            return i, _pick(residual, u)
+        return np.where(p_row > q_row, p_row - q_row, 0.0)
+
+    def residual_draw(i, scale, u):
+        weights = residual(i, scale)
+        if weights.sum() > 0.0:
+            return _pick(weights, u)
         # p and q agree to rounding although the draft was rejected: the residual is
         # empty in floating point, so fall back on p itself.
-        return i, _pick(w_p, u)
+        return _pick(row(i)[1], u)
+
+    if block:
+        n_accepted, ratios = _block_length(n_draft, draft_tokens, row, q_of, residual, one_hot,
+                                           rng)
+        if n_accepted < n_draft:
+            return n_accepted, residual_draw(n_accepted, ratios[n_accepted], rng.random())
+    else:
+        for i in range(n_draft):
+            law_p, w_p = row(i)
+            x = int(draft_tokens[i])
+            p = w_p[x] / law_p.total
+            u = rng.random()
+            # one-hot q: keep x with probability p(x) (u < p(x): never when p(x) = 0)
+            if (u < p) if one_hot else (u * q_of(i, x) < p):
+                continue
+            return i, residual_draw(i, 1.0, rng.random())
     if not bonus:
         return n_draft, -1
-    _, w = _row_law(target_rows[n_draft], n_draft, inv_t, top_k, top_p, min_p)
+    _, w = row(n_draft)
     return n_draft, _pick(w, rng.random())
+
+
+def _block_length(n_draft, draft_tokens, row, q_of, residual, one_hot, rng):
+    """(tau, ratios) of block verification (Sun et al., ICLR 2025, Algorithm 2), with
+    ratios[i] = p_i for the rows read; see ``verify_block_nogil`` in _core.pyx for the
+    algorithm and the conventions."""
+    etas = [rng.random() for _ in range(n_draft)]
+    ratios = [1.0] * (n_draft + 1)
+    ratio, tau = 1.0, 0
+    for i in range(n_draft):
+        if ratio == 0.0:  # p_i = 0: every later h is 0, the rows after it are not read
+            return tau, ratios
+        law, w = row(i)
+        x = int(draft_tokens[i])
+        ratios[i] = ratio
+        if i >= 1:
+            if one_hot:
+                mass = ratio * ((law.total - w[x]) / law.total)
+            else:
+                mass = float(residual(i, ratio).sum())
+            denom = mass + (1.0 - ratio)
+            h = mass / denom if denom > 0.0 else 1.0
+            if etas[i - 1] < h:
+                tau = i
+        t = ratio * (w[x] / law.total)
+        qx = q_of(i, x)
+        ratio = 0.0 if t == 0.0 else (1.0 if t >= qx else t / qx)
+    if n_draft > 0 and etas[n_draft - 1] < ratio:
+        tau = n_draft
+    return tau, ratios

@@ -16,9 +16,10 @@
  * For float32 logits all of this is done in float (the weights), and the sums in
  * double; m, inv_t, tau and zmin are rounded to float once per row.
  *
- * The file is a template: _kernels_row.h is included once per logits type and
- * _kernels_residual.h once per pair of types.  Speed: the hot loops are written
- * branch-free with a polynomial exp so that GCC emits AVX-512 / AVX2 code; on
+ * The per-type code lives in two templates: _row_template.h is included once per
+ * logits type and _residual_template.h once per pair of (target, draft) types.
+ * Speed: the hot loops are written branch-free with a polynomial exp so that GCC
+ * emits AVX-512 / AVX2 code; on
  * x86-64 glibc Linux each function marked SD_CLONES is compiled three times
  * (target_clones) and the best clone is picked at load time.  Elsewhere they are
  * compiled once for the build's baseline (no FMA on baseline x86-64: slower).  No -ffast-math: NaN checks must survive, and the sums are
@@ -263,20 +264,20 @@ static double sd_mass_threshold(double *vals, double *ws, ptrdiff_t n, double ab
 
 #define SD_T float
 #define SD_SUFFIX(name) name##_f32
-#include "_kernels_row.h"
+#include "_row_template.h"
 #undef SD_T
 #undef SD_SUFFIX
 
 #define SD_T double
 #define SD_SUFFIX(name) name##_f64
-#include "_kernels_row.h"
+#include "_row_template.h"
 #undef SD_T
 #undef SD_SUFFIX
 
 #define SD_TP float
 #define SD_TQ float
 #define SD_SUFFIX(name) name##_f32_f32
-#include "_kernels_residual.h"
+#include "_residual_template.h"
 #undef SD_TP
 #undef SD_TQ
 #undef SD_SUFFIX
@@ -284,7 +285,7 @@ static double sd_mass_threshold(double *vals, double *ws, ptrdiff_t n, double ab
 #define SD_TP float
 #define SD_TQ double
 #define SD_SUFFIX(name) name##_f32_f64
-#include "_kernels_residual.h"
+#include "_residual_template.h"
 #undef SD_TP
 #undef SD_TQ
 #undef SD_SUFFIX
@@ -292,7 +293,7 @@ static double sd_mass_threshold(double *vals, double *ws, ptrdiff_t n, double ab
 #define SD_TP double
 #define SD_TQ float
 #define SD_SUFFIX(name) name##_f64_f32
-#include "_kernels_residual.h"
+#include "_residual_template.h"
 #undef SD_TP
 #undef SD_TQ
 #undef SD_SUFFIX
@@ -300,7 +301,7 @@ static double sd_mass_threshold(double *vals, double *ws, ptrdiff_t n, double ab
 #define SD_TP double
 #define SD_TQ double
 #define SD_SUFFIX(name) name##_f64_f64
-#include "_kernels_residual.h"
+#include "_residual_template.h"
 #undef SD_TP
 #undef SD_TQ
 #undef SD_SUFFIX

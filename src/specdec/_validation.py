@@ -34,6 +34,17 @@ def check_gamma(gamma, name: str = "gamma") -> int:
     return int(gamma)
 
 
+#: The draft verification schemes of ``SpeculativeDecoder``.
+VERIFICATIONS = ("block", "token")
+
+
+def check_verification(verification) -> str:
+    """Verification scheme: "block" or "token"."""
+    if not isinstance(verification, str) or verification not in VERIFICATIONS:
+        raise ValueError(f"verification must be 'block' or 'token', got {verification!r}")
+    return verification
+
+
 def check_max_new_tokens(max_new_tokens) -> int:
     """Token budget: an int >= 0."""
     if not _is_int(max_new_tokens):
@@ -141,7 +152,8 @@ MIN_TEMPERATURE = 1e-30
 
 @dataclass(frozen=True)
 class SamplingControls:
-    """Validated temperature, top-k, top-p and min-p, in the kernels' encoding.
+    """Validated temperature, top-k, top-p and min-p, in the kernels' encoding (the
+    kernels take this object as their ``controls`` argument and read its four fields).
 
     ``top_k = 0``, ``top_p = 1.0`` and ``min_p = 0.0`` mean "off";
     ``temperature = 0.0`` means greedy.
@@ -185,8 +197,3 @@ class SamplingControls:
                 raise ValueError(f"min_p must be in [0, 1), got {min_p}")
             mp = float(min_p)
         return cls(float(temperature), k, p, mp)
-
-    @property
-    def kernel_args(self) -> tuple:
-        """(temperature, top_k, top_p, min_p) as the kernels take them."""
-        return (self.temperature, self.top_k, self.top_p, self.min_p)

@@ -1,7 +1,7 @@
 /*
- * Row kernels for one logits type: included by _kernels.h with SD_T (float or
- * double) and SD_SUFFIX (appends _f32 or _f64 to a name).  See _kernels.h for the
- * row law these functions compute.
+ * Template of the row kernels for one logits type: _kernels.h includes it once per
+ * type, with SD_T (float or double) and SD_SUFFIX (appends _f32 or _f64 to a name)
+ * defined.  See _kernels.h for the row law these functions compute.
  */
 
 /* The row's maximum; *bad is set when the row holds a NaN or +inf. */
@@ -131,6 +131,38 @@ SD_CLONES static ptrdiff_t SD_SUFFIX(sd_pick)(const SD_T *x, ptrdiff_t n, double
         double w = (double)SD_SUFFIX(sd_weight)(x[i], mt, it, taut, zt);
         if (w > 0.0) {
             acc += w;
+            last_positive = i;
+            if (acc > target) return i;
+        }
+    }
+    return last_positive;
+}
+
+/* Sum of the stored weights w[start, end) in double, as sd_expsum sums a block. */
+static double SD_SUFFIX(sd_block_sum)(const SD_T *w, ptrdiff_t start, ptrdiff_t end)
+{
+    double s = 0.0;
+    SD_SIMD_SUM(s)
+    for (ptrdiff_t i = start; i < end; i++) s += (double)w[i];
+    return s;
+}
+
+/* Inverse-CDF draw from stored weights `w` and their block sums; same contract as
+ * sd_pick.  One-hot drafts' residual uses it: the row's weights with the rejected
+ * draft's set to 0 and that block's sum redone (sd_block_sum), no exp recomputed. */
+static ptrdiff_t SD_SUFFIX(sd_stored_pick)(const SD_T *w, ptrdiff_t n, const double *blocks,
+                                           double target)
+{
+    double acc = 0.0;
+    ptrdiff_t chosen = sd_choose_block(blocks, (n + SD_BLOCK - 1) / SD_BLOCK, &target, &acc);
+    if (chosen < 0) return -1;
+    ptrdiff_t start = chosen * SD_BLOCK;
+    ptrdiff_t end = start + SD_BLOCK < n ? start + SD_BLOCK : n;
+    ptrdiff_t last_positive = -1;
+    for (ptrdiff_t i = start; i < end; i++) {
+        double wi = (double)w[i];
+        if (wi > 0.0) {
+            acc += wi;
             last_positive = i;
             if (acc > target) return i;
         }

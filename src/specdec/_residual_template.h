@@ -1,7 +1,11 @@
 /*
- * The residual law norm(max(0, p - q)) of a rejected draft, for one pair of types:
- * included by _kernels.h with SD_TP (target weights), SD_TQ (draft weights) and
- * SD_SUFFIX.  p = wp / Zp and q = wq / Zq, from the weights the row passes stored.
+ * Template of the residual law norm(max(0, s p - q)) of a rejected draft, for one
+ * pair of types: _kernels.h includes it once per pair, with SD_TP (target weights),
+ * SD_TQ (draft weights) and SD_SUFFIX defined.  p = wp / Zp and q = wq / Zq, from
+ * the weights the row passes stored; s = 1 for token-by-token verification, and the
+ * prefix ratio p_i of block verification (Sun et al. 2025) for a block's residual.
+ * The scale enters as one multiplication, s / Zp, so that s = 1 is bit for bit the
+ * unscaled residual.
  */
 
 /* Residual weights of the block [start, end) into out[0 .. end - start).  The
@@ -20,9 +24,10 @@ SD_INLINE void SD_SUFFIX(sd_residual_block)(const SD_TP *wp, const SD_TQ *wq, pt
 
 /* Total residual mass, with per-block sums stored in `blocks`. */
 SD_CLONES static double SD_SUFFIX(sd_residual_sum)(const SD_TP *wp, const SD_TQ *wq, ptrdiff_t n,
-                                                   double zp, double zq, double *blocks)
+                                                   double scale, double zp, double zq,
+                                                   double *blocks)
 {
-    const double inv_zp = 1.0 / zp, inv_zq = 1.0 / zq;
+    const double inv_zp = scale / zp, inv_zq = 1.0 / zq;
     double total = 0.0;
     ptrdiff_t b = 0;
     for (ptrdiff_t start = 0; start < n; start += SD_BLOCK, b++) {
@@ -40,10 +45,10 @@ SD_CLONES static double SD_SUFFIX(sd_residual_sum)(const SD_TP *wp, const SD_TQ 
 
 /* Inverse-CDF draw from the residual; same contract as sd_pick. */
 static ptrdiff_t SD_SUFFIX(sd_residual_pick)(const SD_TP *wp, const SD_TQ *wq, ptrdiff_t n,
-                                             double zp, double zq, const double *blocks,
-                                             double target)
+                                             double scale, double zp, double zq,
+                                             const double *blocks, double target)
 {
-    const double inv_zp = 1.0 / zp, inv_zq = 1.0 / zq;
+    const double inv_zp = scale / zp, inv_zq = 1.0 / zq;
     double acc = 0.0;
     ptrdiff_t chosen = sd_choose_block(blocks, (n + SD_BLOCK - 1) / SD_BLOCK, &target, &acc);
     if (chosen < 0) return -1;

@@ -1,0 +1,40 @@
+"""Drafters that cost nothing: proposals from the sequence itself or from token statistics.
+
+A drafter guesses the next tokens; the target model verifies them with exact
+speculative sampling, so the output law is the target's whatever the guesses are.
+These drafters share the target's vocabulary (they work on its token ids) and run
+no model at all.
+
+* :class:`Drafter`: the interface, for bringing your own drafter.
+* :class:`PromptLookup`: copy what followed the latest earlier occurrence of the
+  sequence's last n-gram (Hugging Face's ``prompt_lookup_num_tokens``).
+* :class:`NGram`: propose the most frequent continuation under token n-gram counts
+  learnt from texts (through the target's tokenizer) and online from the sequence.
+* :class:`Chain`: several sources in order (say lookup, then n-gram, then a draft
+  model); the first with a proposal wins.
+* Draft-length policies: :class:`AdaptiveDraftLength` (the default for drafters: drafts
+  what pays, possibly nothing), :class:`FixedDraftLength` (always ``gamma``),
+  :class:`HeuristicDraftLength` (Hugging Face's +2/-1 schedule).
+"""
+
+from specdec.drafters.base import Drafter
+from specdec.drafters.chain import Chain
+from specdec.drafters.length import (
+    AdaptiveDraftLength,
+    DraftLengthPolicy,
+    FixedDraftLength,
+    HeuristicDraftLength,
+)
+from specdec.drafters.lookup import PromptLookup
+from specdec.drafters.ngram import NGram
+
+__all__ = [
+    "AdaptiveDraftLength",
+    "Chain",
+    "DraftLengthPolicy",
+    "Drafter",
+    "FixedDraftLength",
+    "HeuristicDraftLength",
+    "NGram",
+    "PromptLookup",
+]

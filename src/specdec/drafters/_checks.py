@@ -1,0 +1,92 @@
+"""Argument checks shared by the drafters: one clear error, before any work."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec._validation import _is_int, _is_real
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def empty_proposal() -> np.ndarray:
+    """A fresh empty int64 array: "no proposal" (fresh, so a caller may keep it)."""
+    return _EMPTY.copy()
+
+
+def check_int_option(name: str, value, minimum: int) -> int:
+    """An option that must be an int >= *minimum* (a bool is not an int)."""
+    if type(value) is int and value >= minimum:  # the common case, on every step
+        return value
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} "
+                        f"{value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_probability_option(name: str, value, closed: bool = True) -> float:
+    """An option that must be a real number in [0, 1] (in [0, 1) unless *closed*)."""
+    interval = "[0, 1]" if closed else "[0, 1)"
+    if not _is_real(value):
+        raise TypeError(f"{name} must be a number in {interval}, got {type(value).__name__} "
+                        f"{value!r}")
+    if not (0.0 <= value <= 1.0 if closed else 0.0 <= value < 1.0):  # also refuses NaN
+        raise ValueError(f"{name} must be a number in {interval}, got {value}")
+    return float(value)
+
+
+def check_bool_option(name: str, value) -> bool:
+    """An option that must be True or False (not merely truthy)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def check_max_tokens(max_tokens) -> int:
+    """``propose``'s budget: an int >= 0."""
+    return check_int_option("max_tokens", max_tokens, 0)
+
+
+def as_sequence(tokens, name: str = "tokens") -> np.ndarray:
+    """*tokens* as a 1-D int64 array, without a copy when it already is one.
+
+    Only the shape and the dtype are checked (O(1) for an array): this runs on every
+    decoding step, and the decoder hands over ids it has already range-checked.
+    """
+    array = np.asarray(tokens)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}")
+    if array.dtype != np.int64:
+        if array.size == 0:
+            return _EMPTY
+        if array.dtype.kind not in "iu":
+            raise TypeError(f"{name} must hold int token ids, got dtype {array.dtype}")
+        array = array.astype(np.int64)
+    return array
+
+
+def check_n_new(n_new, length: int) -> int:
+    """``extend``'s count of appended tokens: an int in [0, len(tokens)]."""
+    if type(n_new) is int and 0 <= n_new <= length:  # the common case, on every step
+        return n_new
+    if not _is_int(n_new):
+        raise TypeError(f"n_new must be an int >= 0, got {type(n_new).__name__} {n_new!r}")
+    if not 0 <= n_new <= length:
+        raise ValueError(f"n_new must lie in [0, len(tokens)] = [0, {length}], got {n_new}")
+    return int(n_new)
+
+
+def check_ids(ids: np.ndarray, name: str, vocab_size: int | None) -> None:
+    """Ids must be >= 0, and < *vocab_size* when it is known (O(len(ids)))."""
+    if ids.size == 0:
+        return
+    low = int(ids.min())
+    if low < 0:
+        raise ValueError(f"{name} holds a negative token id ({low})")
+    if vocab_size is not None:
+        high = int(ids.max())
+        if high >= vocab_size:
+            raise ValueError(f"{name} holds token id {high}, outside [0, vocab_size) = "
+                             f"[0, {vocab_size})")

@@ -1,0 +1,243 @@
+"""Prompt lookup: draft by copying what followed an earlier occurrence of the last n-gram.
+
+When a model quotes, edits or summarises its input (code edits, retrieval answers,
+extraction), long spans of the output already occur in the prompt or earlier in the
+output.  :class:`PromptLookup` finds the most recent earlier occurrence of the
+sequence's last few tokens and proposes the tokens that followed it.  It costs no
+model evaluation at all; it is the drafter of Hugging Face's
+``prompt_lookup_num_tokens`` option, of llama.cpp's ``lookup`` example and of vLLM's
+``ngram`` speculative method.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec.drafters._checks import (
+    as_sequence,
+    check_int_option,
+    check_max_tokens,
+    check_n_new,
+    empty_proposal,
+)
+from specdec.drafters.base import Drafter
+
+__all__ = ["PromptLookup"]
+
+
+class PromptLookup(Drafter):
+    """Draft by matching the sequence's last n-gram against the text so far.
+
+    For ``n`` from *max_ngram_size* down to *min_ngram_size*, the last ``n`` tokens
+    of the sequence are looked up among the earlier ``n``-grams of the sequence
+    (prompt and generated text, excluding that trailing ``n``-gram itself).  The
+    first ``n`` that matches wins (a longer match is better evidence), and of its
+    occurrences the *most recent* one (recent text predicts best, e.g. the line
+    being edited).  The tokens that followed it are proposed: at most
+    ``min(num_tokens, max_tokens)``, and never beyond the end of the sequence.
+
+    Parameters
+    ----------
+    num_tokens : int, default 10
+        The most tokens proposed per step (Hugging Face:
+        ``prompt_lookup_num_tokens``; llama-cpp-python: ``num_pred_tokens``).
+    max_ngram_size : int, default 3
+        Longest n-gram matched, tried first (Hugging Face:
+        ``max_matching_ngram_size``).
+    min_ngram_size : int, default 1
+        Shortest n-gram matched before giving up (an empty proposal).  Raise it to
+        propose only on stronger evidence.
+
+    Attributes
+    ----------
+    last_match_size : int
+        Length of the n-gram matched by the last :meth:`propose` (0 if it proposed
+        nothing).  Longer matches are kept more often, so an adaptive policy may
+        use it to choose how many tokens to verify.
+    last_match_position : int
+        Start of the earlier occurrence the last proposal copied from (-1 if none).
+
+    Notes
+    -----
+    The drafter keeps a copy of the sequence and a dictionary from every n-gram
+    (as a tuple of ids) to the start of its latest occurrence, excluding the
+    trailing n-grams.  :meth:`start` builds it from the prompt (O(L)); each
+    :meth:`extend` adds the n-grams ending at the appended tokens, and each
+    :meth:`propose` costs a few dictionary lookups plus the copy of the proposal:
+    ``O(max_ngram_size ** 2 + num_tokens)`` per step, independent of the length of
+    the sequence.
+
+    In repetitive text the latest occurrence may overlap the trailing n-gram, and
+    then only the few tokens between them back a proposal (``5 5 5 5`` proposes a
+    single ``5``): the drafter does not extrapolate a period it has not seen.
+
+    :meth:`propose` also works without :meth:`start` / :meth:`extend` (called on
+    its own, on any sequence): a sequence of another length than the one indexed,
+    or whose last tokens differ, is re-indexed (appended to, when the indexed
+    sequence is a prefix of it).  A sequence of the same length and with the same
+    last ``max_ngram_size`` tokens is taken to be the indexed one; this check is
+    what keeps a step at O(1) in the length.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from specdec.drafters import PromptLookup
+    >>> drafter = PromptLookup(num_tokens=3)
+    >>> tokens = np.array([7, 1, 2, 3, 4, 5, 9, 1, 2])
+    >>> drafter.propose(tokens, max_tokens=8)        # "1 2" was followed by "3 4 5"
+    array([3, 4, 5])
+    >>> drafter.last_match_size
+    2
+    """
+
+    def __init__(self, num_tokens: int = 10, max_ngram_size: int = 3, min_ngram_size: int = 1):
+        self.num_tokens = check_int_option("num_tokens", num_tokens, 1)
+        self.max_ngram_size = check_int_option("max_ngram_size", max_ngram_size, 1)
+        self.min_ngram_size = check_int_option("min_ngram_size", min_ngram_size, 1)
+        if self.min_ngram_size > self.max_ngram_size:
+            raise ValueError(f"min_ngram_size must be <= max_ngram_size ({self.max_ngram_size}), "
+                             f"got {self.min_ngram_size}")
+        self.last_match_size = 0
+        self.last_match_position = -1
+        # The indexed sequence: _buffer[:_length] (grown by doubling), and for every
+        # n-gram ending at positions 0 .. _length - 2, the start of its latest
+        # occurrence.  One dict serves every n: a key's length is its n.
+        self._buffer = np.zeros(64, dtype=np.int64)
+        self._length = 0
+        self._index: dict[tuple, int] = {}
+
+    def __repr__(self) -> str:
+        return (f"PromptLookup(num_tokens={self.num_tokens}, max_ngram_size="
+                f"{self.max_ngram_size}, min_ngram_size={self.min_ngram_size})")
+
+    # -- the Drafter interface ------------------------------------------------------
+
+    def start(self, prompt) -> None:
+        """Index a new sequence's prompt (O(L)), forgetting the previous sequence.
+
+        Parameters
+        ----------
+        prompt : array_like of int, shape (L,)
+            The prompt's token ids.
+        """
+        prompt = as_sequence(prompt, "prompt")
+        self._reset()
+        self._append(prompt)
+
+    def propose(self, tokens, max_tokens: int) -> np.ndarray:
+        """Propose the tokens that followed the latest earlier match of the last n-gram.
+
+        Parameters
+        ----------
+        tokens : array_like of int, shape (L,)
+            The whole sequence so far.
+        max_tokens : int
+            The most tokens to propose (>= 0).
+
+        Returns
+        -------
+        numpy.ndarray of int64
+            At most ``min(num_tokens, max_tokens)`` ids; empty when no n-gram of
+            length *min_ngram_size* or more recurs (in particular when
+            ``len(tokens) <= min_ngram_size``).
+        """
+        tokens = as_sequence(tokens)
+        max_tokens = check_max_tokens(max_tokens)
+        self.last_match_size = 0
+        self.last_match_position = -1
+        length = tokens.shape[0]
+        # A match needs an earlier start, so n <= length - 1.
+        top = min(self.max_ngram_size, length - 1)
+        if max_tokens == 0 or top < self.min_ngram_size:
+            return empty_proposal()
+        tail = tokens[length - top:].tolist()
+        self._sync(tokens, tail)
+        index = self._index
+        for n in range(top, self.min_ngram_size - 1, -1):
+            start = index.get(tuple(tail[top - n:]))
+            if start is not None:
+                begin = start + n  # <= length - 1: the trailing n-gram is not indexed
+                end = min(begin + self.num_tokens, begin + max_tokens, length)
+                self.last_match_size = n
+                self.last_match_position = start
+                return self._buffer[begin:end].copy()
+        return empty_proposal()
+
+    def extend(self, tokens, n_new: int) -> None:
+        """Index the n-grams that end at the *n_new* appended tokens.
+
+        Parameters
+        ----------
+        tokens : array_like of int, shape (L,)
+            The whole sequence after the step.
+        n_new : int
+            How many tokens were appended (``tokens[-n_new:]``).
+        """
+        tokens = as_sequence(tokens)
+        length = tokens.shape[0]
+        n_new = check_n_new(n_new, length)
+        old = length - n_new
+        if old == self._length and old > 0:
+            # The decoder's protocol: tokens[:old] is the indexed sequence.  Checking
+            # its last tokens (O(max_ngram_size)) catches a skipped start().
+            k = min(old, self.max_ngram_size)
+            if self._buffer[old - k:old].tolist() == tokens[old - k:old].tolist():
+                self._append(tokens[old:])
+                return
+        self._sync(tokens, None)
+
+    # -- the index ------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self._length = 0
+        self._index = {}
+
+    def _sync(self, tokens: np.ndarray, tail: list | None) -> None:
+        """Make the index cover *tokens*, re-indexing only when it does not already.
+
+        *tail* is ``tokens[-k:].tolist()`` for some k <= max_ngram_size, when the
+        caller has it at hand.
+        """
+        length, indexed = tokens.shape[0], self._length
+        if length == indexed:
+            if tail is None:
+                k = min(length, self.max_ngram_size)
+                tail = tokens[length - k:].tolist()
+            if self._buffer[length - len(tail):length].tolist() == tail:
+                return
+        elif indexed < length and np.array_equal(self._buffer[:indexed], tokens[:indexed]):
+            self._append(tokens[indexed:])
+            return
+        self._reset()
+        self._append(tokens)
+
+    def _append(self, new: np.ndarray) -> None:
+        """Append *new* to the indexed sequence and index the n-grams it completes."""
+        old, count = self._length, new.shape[0]
+        if count == 0:
+            return
+        length = old + count
+        if length > self._buffer.shape[0]:
+            grown = np.zeros(max(length, 2 * self._buffer.shape[0]), dtype=np.int64)
+            grown[:old] = self._buffer[:old]
+            self._buffer = grown
+        self._buffer[old:length] = new
+        self._length = length
+        # The index covers n-grams ending at positions <= length - 2 (the n-grams
+        # ending at the last token are the trailing ones, never matched against
+        # themselves).  Newly covered: those ending at old - 1 .. length - 2.
+        first, last = max(old - 1, 0), length - 2
+        if last < first:
+            return
+        sizes = range(self.min_ngram_size, self.max_ngram_size + 1)
+        offset = max(first - self.max_ngram_size + 1, 0)
+        window = self._buffer[offset:last + 1].tolist()
+        index = self._index
+        # Increasing end positions: a later occurrence overwrites an earlier one.
+        for end in range(first, last + 1):
+            stop = end + 1 - offset
+            for n in sizes:
+                begin = end + 1 - n
+                if begin < 0:
+                    break
+                index[tuple(window[begin - offset:stop])] = begin
