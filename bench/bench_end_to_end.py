@@ -103,6 +103,9 @@ LLAMA_KINDS = ("sample", "lookup", "ngram", "chain", "lookup-heuristic", "lookup
                "sample-min2", "lookup-min2", "lcpp", "lcpp-lookup")
 TRANSFORMERS_KINDS = ("sample", "lookup", "ngram", "chain", "lookup-heuristic",
                       "hf", "hf-lookup")
+#: The transformers kinds run by default (a transformers pass costs several llama.cpp
+#: ones here; the drafter and policy variants are compared on llama.cpp).
+TRANSFORMERS_DEFAULT = ("sample", "lookup", "chain", "hf", "hf-lookup")
 #: Kinds run only greedily by default: they exist to measure greedy identity.
 GREEDY_ONLY = ("sample-min2", "lookup-min2")
 
@@ -156,6 +159,8 @@ class Config:
         kinds = LLAMA_KINDS if backend == "llama" else TRANSFORMERS_KINDS
         if self.kinds:
             kinds = [k for k in kinds if k in self.kinds or k == "sample"]
+        elif backend != "llama":
+            kinds = [k for k in kinds if k in TRANSFORMERS_DEFAULT]
         elif temperature > 0:
             kinds = [k for k in kinds if k not in GREEDY_ONLY]
         return list(kinds)
@@ -524,6 +529,27 @@ class Bench:
 
         return body, finish
 
+    def cost_curve(self, backend: str, sizes=(1, 2, 3, 5, 9, 11), rounds: int = 5) -> dict:
+        """Time of a target pass over k new tokens relative to one token (median of rounds).
+
+        The pass extends the first prompt by k tokens, from a cache holding the prompt,
+        through the same adapter the decoder uses; the sizes are interleaved.
+        """
+        model = self.target if backend == "llama" else self.hf_target
+        prompt = self.prompt_ids[self.config.prompt_items()[0][1]]
+        length = len(prompt)
+        seq = np.asarray([prompt + prompt[:max(sizes)]])
+        times: dict = {k: [] for k in sizes}
+        for _ in range(rounds):
+            for k in sizes:
+                model.forward(seq[:, :length], logits_to_keep=1)  # roll back to the prompt
+                start = time.perf_counter()
+                model.forward(seq[:, :length + k], logits_to_keep=k)
+                times[k].append(time.perf_counter() - start)
+        one = statistics.median(times[1])
+        return {"one_token_ms": one * 1e3,
+                "relative": {k: statistics.median(times[k]) / one for k in sizes}}
+
     def warm_up(self, backend: str) -> None:
         """Fault the weights in and run every code path once, untimed."""
         _, name, _ = self.config.prompt_items()[0]
@@ -533,6 +559,14 @@ class Bench:
                 if kind_skipped(kind):
                     continue
                 self.run(backend, set_name, name, temperature, kind, 0, tokens=16)
+
+
+def _policy_cost_model():
+    try:
+        from specdec.drafters.length import DEFAULT_TARGET_COST
+    except ImportError:
+        return None
+    return DEFAULT_TARGET_COST
 
 
 def kind_skipped(kind: str) -> str | None:
@@ -603,7 +637,11 @@ def summary(records: list[Record]) -> dict:
         entry["draft_hist"] = hist
         entry["identical"] = None
         if temperature == 0 and kind != "sample":
-            entry["identical"] = identity(records, backend, set_name, kind)
+            # A min_eval_tokens=2 run is compared with plain decoding at the same
+            # setting (never a token evaluated alone), the others with the baseline.
+            baseline = "sample-min2" if kind.endswith("-min2") and kind != "sample-min2" \
+                else "sample"
+            entry["identical"] = identity(records, backend, set_name, kind, baseline)
     return out
 
 
@@ -673,6 +711,32 @@ def markdown(records: list[Record], config: Config, meta: dict) -> str:
                     row += f" {same}/{total} |" if total else " — |"
                 lines.append(row)
             lines.append("")
+            if temperature == 0:
+                lines.append("Greedy identical: runs whose output equals plain decoding's "
+                             "token for token (by text for llama-cpp-python); a "
+                             "`min_eval_tokens=2` run is compared with plain decoding at "
+                             "that setting.")
+                lines.append("")
+    curves = meta.get("cost_curves") or {}
+    if curves:
+        sizes = list(next(iter(curves.values()))[0]["relative"])
+        lines.append("#### Cost of a target pass over k tokens, relative to one token "
+                     "(before / after the runs)")
+        lines.append("")
+        lines.append("| backend | one token (ms) | " + " | ".join(f"k={k}" for k in sizes) + " |")
+        lines.append("|---|---:|" + "---:|" * len(sizes))
+        for backend, measured in curves.items():
+            for when, curve in zip(("before", "after"), measured):
+                rel = curve["relative"]
+                lines.append(f"| {backend} ({when}) | {curve['one_token_ms']:.1f} | "
+                             + " | ".join(f"{rel[k]:.2f}" for k in rel) + " |")
+        model = _policy_cost_model()
+        if model:
+            overhead, per_token = model
+            lines.append("| AdaptiveDraftLength's default model | | " + " | ".join(
+                f"{1.0 if int(k) == 1 else 1 + overhead + per_token * (int(k) - 1):.2f}"
+                for k in sizes) + " |")
+        lines.append("")
     # per-prompt ratios and draft-length histograms
     lines.append("#### Per prompt: ratio to the baseline (median tokens/s over repeats)")
     lines.append("")
@@ -811,10 +875,12 @@ def run_all(config: Config, progress=print) -> tuple[list[Record], dict]:
         if why:
             progress(f"skipping {kind}: {why}")
     bench = Bench(config, backends)
+    meta["cost_curves"] = {}
     for backend in backends:
         started = time.perf_counter()
         bench.warm_up(backend)
         progress(f"warmed up {backend} in {time.perf_counter() - started:.1f} s")
+        meta["cost_curves"][backend] = [bench.cost_curve(backend)]
     records = []
     items = config.prompt_items()
     started = time.perf_counter()
@@ -829,6 +895,8 @@ def run_all(config: Config, progress=print) -> tuple[list[Record], dict]:
                                                  kind, repeat))
             progress(f"repeat {repeat + 1}/{config.repeats}, {name}: "
                      f"{time.perf_counter() - started:.0f} s, load {_load()}")
+    for backend in backends:
+        meta["cost_curves"][backend].append(bench.cost_curve(backend))
     meta["load_after"] = _load()
     meta["seconds"] = time.perf_counter() - started
     return records, meta
