@@ -726,7 +726,7 @@ def markdown(records: list[Record], config: Config, meta: dict) -> str:
         lines.append("| backend | one token (ms) | " + " | ".join(f"k={k}" for k in sizes) + " |")
         lines.append("|---|---:|" + "---:|" * len(sizes))
         for backend, measured in curves.items():
-            for when, curve in zip(("before", "after"), measured):
+            for when, curve in zip(("before", "after"), measured, strict=False):
                 rel = curve["relative"]
                 lines.append(f"| {backend} ({when}) | {curve['one_token_ms']:.1f} | "
                              + " | ".join(f"{rel[k]:.2f}" for k in rel) + " |")
