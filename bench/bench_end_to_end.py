@@ -855,8 +855,12 @@ def _load() -> str:
         return "?"
 
 
-def run_all(config: Config, progress=print) -> tuple[list[Record], dict]:
-    """Every run of ``config``, interleaved; returns the records and run metadata."""
+def run_all(config: Config, progress=print, checkpoint=None) -> tuple[list[Record], dict]:
+    """Every run of ``config``, interleaved; returns the records and run metadata.
+
+    ``checkpoint(records, meta)``, if given, is called after each prompt of each repeat
+    (so that an interrupted run leaves its measurements behind).
+    """
     backends = []
     for backend in config.backends:
         why = llama_available() if backend == "llama" else transformers_available()
@@ -895,6 +899,8 @@ def run_all(config: Config, progress=print) -> tuple[list[Record], dict]:
                                                  kind, repeat))
             progress(f"repeat {repeat + 1}/{config.repeats}, {name}: "
                      f"{time.perf_counter() - started:.0f} s, load {_load()}")
+            if checkpoint is not None:
+                checkpoint(records, dict(meta, load_after=_load(), partial=True))
     for backend in backends:
         meta["cost_curves"][backend].append(bench.cost_curve(backend))
     meta["load_after"] = _load()
@@ -974,10 +980,14 @@ def main(argv=None) -> int:
     if args.show_outputs:
         show_outputs(config)
         return 0
-    records, meta = run_all(config, progress=lambda m: print(m, file=sys.stderr, flush=True))
-    if args.json:
+    def save(records, meta):
         Path(args.json).write_text(json.dumps(
             {"meta": meta, "records": [asdict(r) for r in records]}, indent=1))
+
+    records, meta = run_all(config, progress=lambda m: print(m, file=sys.stderr, flush=True),
+                            checkpoint=save if args.json else None)
+    if args.json:
+        save(records, meta)
     print(markdown(records, config, meta))
     return 0
 
