@@ -58,7 +58,14 @@ How it measures
   another path than a batch, with slightly different logits, so a speculative run
   (batches) can diverge from plain decoding (single tokens) at a near tie; the
   ``*-min2`` kinds use ``LlamaCppModel(min_eval_tokens=2)``, which never evaluates a
-  token alone, to measure that effect and its price.
+  token alone, to measure that effect and its price.  Measured (see
+  ``bench/results/end_to_end.md``): with the default ``min_eval_tokens=1`` about half
+  the speculative greedy runs leave plain decoding's text somewhere (so do plain runs
+  with ``min_eval_tokens=2``); with 2 on both sides every run is identical, but each
+  step that drafts nothing costs two tokens (plain decoding at 2 runs at about 0.55x).
+  The main kinds therefore keep the default 1, the setting a user gets, and their
+  ratios are against plain decoding at 1; the identity column says where they
+  diverged.
 * The n-gram drafter is trained on the Python language reference's help topics
   (``pydoc_data.topics``, shipped with CPython; see ``prompts.ngram_training_texts``),
   tokenised by the target's tokenizer; never on the prompts or any model output.
