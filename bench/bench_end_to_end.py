@@ -15,8 +15,10 @@ copy the prompt, and an open-ended set), greedily and at temperature 0.7, throug
 Two ways to run it::
 
     # plain script: prints the ratio tables as Markdown (--quick: 1 repeat,
-    # 2 prompts per set, 64 tokens; about 3-4 minutes on a quiet 2-core machine)
-    PYTHONPATH=src python bench/bench_end_to_end.py --quick
+    # 2 prompts per set, 64 tokens: 2.5 minutes for llama.cpp at load 3 on the 2-core
+    # machine; transformers adds about 7, a float32 pass of the 135M model costs
+    # about 150 ms there)
+    PYTHONPATH=src python bench/bench_end_to_end.py --quick --backends llama
     PYTHONPATH=src python bench/bench_end_to_end.py --json /tmp/e2e.json
 
     # pytest-benchmark: one benchmark per (backend, temperature, prompt, run kind)
