@@ -108,10 +108,19 @@ PEER_LOOKUP_TOKENS = 10
 
 # --- configuration ------------------------------------------------------------------------
 
-LLAMA_KINDS = ("sample", "lookup", "ngram", "chain", "lookup-heuristic", "lookup-fixed",
-               "sample-min2", "lookup-min2", "lcpp", "lcpp-lookup")
-TRANSFORMERS_KINDS = ("sample", "lookup", "ngram", "chain", "lookup-heuristic",
-                      "hf", "hf-lookup")
+LLAMA_KINDS = (
+    "sample",
+    "lookup",
+    "ngram",
+    "chain",
+    "lookup-heuristic",
+    "lookup-fixed",
+    "sample-min2",
+    "lookup-min2",
+    "lcpp",
+    "lcpp-lookup",
+)
+TRANSFORMERS_KINDS = ("sample", "lookup", "ngram", "chain", "lookup-heuristic", "hf", "hf-lookup")
 #: The transformers kinds run by default (a transformers pass costs several llama.cpp
 #: ones here; the drafter and policy variants are compared on llama.cpp).
 TRANSFORMERS_DEFAULT = ("sample", "lookup", "chain", "hf", "hf-lookup")
@@ -145,10 +154,12 @@ class Config:
     tokens: int = field(default_factory=lambda: int(os.environ.get("SPECDEC_E2E_TOKENS", 96)))
     repeats: int = field(default_factory=lambda: int(os.environ.get("SPECDEC_E2E_REPEATS", 3)))
     prompts: int = field(default_factory=lambda: int(os.environ.get("SPECDEC_E2E_PROMPTS", 0)))
-    temperatures: list = field(default_factory=lambda: [
-        float(t) for t in _env_list("SPECDEC_E2E_TEMPERATURES", "0,0.7")])
-    backends: list = field(default_factory=lambda: _env_list(
-        "SPECDEC_E2E_BACKENDS", "llama,transformers"))
+    temperatures: list = field(
+        default_factory=lambda: [float(t) for t in _env_list("SPECDEC_E2E_TEMPERATURES", "0,0.7")]
+    )
+    backends: list = field(
+        default_factory=lambda: _env_list("SPECDEC_E2E_BACKENDS", "llama,transformers")
+    )
     kinds: list = field(default_factory=lambda: _env_list("SPECDEC_E2E_KINDS", ""))
     gamma: int = field(default_factory=lambda: int(os.environ.get("SPECDEC_E2E_GAMMA", 10)))
     threads: int = field(default_factory=lambda: int(os.environ.get("SPECDEC_E2E_THREADS", 1)))
@@ -177,10 +188,12 @@ class Config:
 
 # --- optional parts -----------------------------------------------------------------------
 
+
 def drafters_available() -> str | None:
     """None when specdec has drafters and the decoder takes them, else why not."""
     try:
         from specdec.drafters import NGram, PromptLookup  # noqa: F401
+
         _chain_class()
         _length_classes()
     except ImportError as error:
@@ -247,16 +260,20 @@ def load_transformers(threads: int):
 
     hf_logging.set_verbosity_error()
     torch.set_num_threads(threads)
-    cache = Path(os.environ.get("SPECDEC_E2E_HF_DIR",
-                                Path.home() / ".cache" / "specdec-bench" / "smollm2-135m-instruct"))
+    cache = Path(
+        os.environ.get(
+            "SPECDEC_E2E_HF_DIR", Path.home() / ".cache" / "specdec-bench" / "smollm2-135m-instruct"
+        )
+    )
     if (cache / "config.json").is_file():
-        model = AutoModelForCausalLM.from_pretrained(cache, local_files_only=True,
-                                                     dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            cache, local_files_only=True, dtype=torch.float32
+        )
     else:
         path = models.smollm2_path()
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                     local_files_only=True,
-                                                     dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, local_files_only=True, dtype=torch.float32
+        )
         # The de-quantised weights are plain float32, but the model still carries the
         # GGUF "quantizer", which refuses to save: drop it (the weights are unchanged;
         # a reload gives bit-identical logits).
@@ -272,6 +289,7 @@ def load_transformers(threads: int):
 
 # --- one run --------------------------------------------------------------------------------
 
+
 @dataclass
 class Record:
     """One timed generation."""
@@ -282,15 +300,15 @@ class Record:
     temperature: float
     kind: str
     repeat: int
-    tokens: int = 0            # new tokens, EOS included
+    tokens: int = 0  # new tokens, EOS included
     seconds: float = 0.0
-    passes: int = 0            # target passes
-    drafted: int = 0           # draft tokens verified
-    kept: int = 0              # draft tokens kept
+    passes: int = 0  # target passes
+    drafted: int = 0  # draft tokens verified
+    kept: int = 0  # draft tokens kept
     draft_hist: list = field(default_factory=list)
     accepted_hist: list = field(default_factory=list)
     by_source: dict = field(default_factory=dict)
-    output: list = field(default_factory=list)   # new token ids (EOS included)
+    output: list = field(default_factory=list)  # new token ids (EOS included)
     text: str = ""
 
     @property
@@ -327,12 +345,14 @@ class Bench:
         if "llama" in backends:
             # One Llama serves every llama.cpp kind (the adapters and llama-cpp-python
             # itself), so that they share weights, threads and context settings.
-            self.target = models.LlamaCppModel(path, n_ctx=2048, n_threads=config.threads,
-                                               n_threads_batch=config.threads, seed=0)
+            self.target = models.LlamaCppModel(
+                path, n_ctx=2048, n_threads=config.threads, n_threads_batch=config.threads, seed=0
+            )
             self.llama = self.target.llama
             self.target_min2 = models.LlamaCppModel(self.llama, min_eval_tokens=2)
             self._tokenize = lambda text, special: list(
-                self.llama.tokenize(text.encode(), add_bos=False, special=special))
+                self.llama.tokenize(text.encode(), add_bos=False, special=special)
+            )
             self._detokenize = lambda ids: self.target.detokenize(ids)
         if "transformers" in backends:
             self.hf_model = load_transformers(config.threads)
@@ -340,16 +360,18 @@ class Bench:
             if self.llama is None:
                 from transformers import AutoTokenizer
 
-                tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name,
-                                                          local_files_only=True)
+                tokenizer = AutoTokenizer.from_pretrained(
+                    path.parent, gguf_file=path.name, local_files_only=True
+                )
                 self._tokenize = lambda text, special: tokenizer(
                     text, add_special_tokens=False, split_special_tokens=not special
                 )["input_ids"]
                 self._detokenize = lambda ids: tokenizer.decode(ids)
         # The chat prompts hold special tokens (<|im_start|>...), parsed as such; the
         # GGUF asks for no BOS.
-        self.prompt_ids = {name: self._tokenize(text, True)
-                           for _, name, text in config.prompt_items()}
+        self.prompt_ids = {
+            name: self._tokenize(text, True) for _, name, text in config.prompt_items()
+        }
 
     # -- drafters ---------------------------------------------------------------------------
 
@@ -358,8 +380,9 @@ class Bench:
         from specdec.drafters import NGram
 
         if self._ngram is None:
-            self._ngram = NGram.train(prompt_sets.ngram_training_texts(),
-                                      lambda text: self._tokenize(text, False))
+            self._ngram = NGram.train(
+                prompt_sets.ngram_training_texts(), lambda text: self._tokenize(text, False)
+            )
         return copy.deepcopy(self._ngram)
 
     def drafter(self, kind: str):
@@ -379,8 +402,9 @@ class Bench:
             length = _length_classes()()
         elif kind == "lookup-fixed":
             length = "fixed"
-        return specdec.SpeculativeDecoder(gamma=self.config.gamma, temperature=temperature,
-                                          draft_length=length)
+        return specdec.SpeculativeDecoder(
+            gamma=self.config.gamma, temperature=temperature, draft_length=length
+        )
 
     # -- prefill ----------------------------------------------------------------------------
 
@@ -393,8 +417,16 @@ class Bench:
 
     # -- runs -------------------------------------------------------------------------------
 
-    def prepare(self, backend: str, set_name: str, name: str, temperature: float, kind: str,
-                repeat: int, tokens: int | None = None):
+    def prepare(
+        self,
+        backend: str,
+        set_name: str,
+        name: str,
+        temperature: float,
+        kind: str,
+        repeat: int,
+        tokens: int | None = None,
+    ):
         """Set one run up (prefill, drafters, decoder) and return ``(record, go)``.
 
         ``go()`` is the timed part: it generates, times itself into ``record.seconds``
@@ -434,9 +466,9 @@ class Bench:
 
     def _specdec(self, record, target, prompt, n, temperature, seed):
         if record.kind.startswith("sample"):
+
             def body():
-                return specdec.sample(target, prompt, n, EOS, temperature=temperature,
-                                      seed=seed)
+                return specdec.sample(target, prompt, n, EOS, temperature=temperature, seed=seed)
         else:
             drafter = self.drafter(record.kind)
             decoder = self.decoder(record.kind, temperature)
@@ -446,7 +478,7 @@ class Bench:
 
         def finish(result):
             ids, stats = result
-            record.output = ids[len(prompt):]
+            record.output = ids[len(prompt) :]
             record.tokens = len(record.output)
             _from_stats(record, stats)
 
@@ -457,8 +489,11 @@ class Bench:
 
         llama = self.llama
         self._prefill_llama(prompt)
-        draft = (LlamaPromptLookupDecoding(num_pred_tokens=PEER_LOOKUP_TOKENS)
-                 if record.kind == "lcpp-lookup" else None)
+        draft = (
+            LlamaPromptLookupDecoding(num_pred_tokens=PEER_LOOKUP_TOKENS)
+            if record.kind == "lcpp-lookup"
+            else None
+        )
         # Count its passes and evaluated tokens: every evaluation goes through eval().
         counts = [0, 0]
         evaluate = llama.eval
@@ -468,15 +503,19 @@ class Bench:
             counts[1] += len(tokens)
             return evaluate(tokens)
 
-        sampling = (dict(temperature=0.0) if temperature == 0 else
-                    dict(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0))
+        sampling = (
+            dict(temperature=0.0)
+            if temperature == 0
+            else dict(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0)
+        )
 
         def body():
             llama.draft_model = draft
             llama.eval = counting_eval
             try:
-                return llama.create_completion(prompt, max_tokens=n, seed=seed,
-                                               repeat_penalty=1.0, **sampling)
+                return llama.create_completion(
+                    prompt, max_tokens=n, seed=seed, repeat_penalty=1.0, **sampling
+                )
             finally:
                 del llama.eval  # back to the class's method
                 llama.draft_model = None
@@ -510,8 +549,12 @@ class Bench:
         # cache it is given and processes the whole prompt again on top of it, which
         # gives wrong outputs (transformers 5.24), so every transformers run starts
         # from an empty cache and its clock includes the prompt pass.
-        options = dict(max_new_tokens=n, eos_token_id=EOS, pad_token_id=EOS,
-                       attention_mask=torch.ones_like(ids))
+        options = dict(
+            max_new_tokens=n,
+            eos_token_id=EOS,
+            pad_token_id=EOS,
+            attention_mask=torch.ones_like(ids),
+        )
         if temperature == 0:
             options.update(do_sample=False)
         else:
@@ -529,7 +572,7 @@ class Bench:
                 handle.remove()
 
         def finish(out):
-            record.output = out[0, len(prompt):].tolist()
+            record.output = out[0, len(prompt) :].tolist()
             record.tokens = len(record.output)
             record.passes = counts[0]
             # The first pass also evaluates the prompt's first L - 1 tokens.
@@ -547,17 +590,19 @@ class Bench:
         model = self.target if backend == "llama" else self.hf_target
         prompt = self.prompt_ids[self.config.prompt_items()[0][1]]
         length = len(prompt)
-        seq = np.asarray([prompt + prompt[:max(sizes)]])
+        seq = np.asarray([prompt + prompt[: max(sizes)]])
         times: dict = {k: [] for k in sizes}
         for _ in range(rounds):
             for k in sizes:
                 model.forward(seq[:, :length], logits_to_keep=1)  # roll back to the prompt
                 start = time.perf_counter()
-                model.forward(seq[:, :length + k], logits_to_keep=k)
+                model.forward(seq[:, : length + k], logits_to_keep=k)
                 times[k].append(time.perf_counter() - start)
         one = statistics.median(times[1])
-        return {"one_token_ms": one * 1e3,
-                "relative": {k: statistics.median(times[k]) / one for k in sizes}}
+        return {
+            "one_token_ms": one * 1e3,
+            "relative": {k: statistics.median(times[k]) / one for k in sizes},
+        }
 
     def warm_up(self, backend: str) -> None:
         """Fault the weights in and run every code path once, untimed."""
@@ -586,6 +631,7 @@ def kind_skipped(kind: str) -> str | None:
 
 
 # --- summaries --------------------------------------------------------------------------------
+
 
 def _geomean(values) -> float:
     values = [v for v in values if v > 0]
@@ -632,8 +678,11 @@ def summary(records: list[Record]) -> dict:
         entry["ratio"] = _geomean(ratios) if ratios else None
         entry["ratio_min"] = min(ratios) if ratios else None
         entry["ratio_max"] = max(ratios) if ratios else None
-        entry["tokens_per_pass"] = (sum(r.tokens for r in runs) / sum(r.passes for r in runs)
-                                    if sum(r.passes for r in runs) else None)
+        entry["tokens_per_pass"] = (
+            sum(r.tokens for r in runs) / sum(r.passes for r in runs)
+            if sum(r.passes for r in runs)
+            else None
+        )
         drafted = sum(r.drafted for r in runs)
         entry["acceptance"] = sum(r.kept for r in runs) / drafted if drafted else None
         entry["tokens"] = sum(r.tokens for r in runs)
@@ -648,16 +697,20 @@ def summary(records: list[Record]) -> dict:
         if temperature == 0 and kind != "sample":
             # A min_eval_tokens=2 run is compared with plain decoding at the same
             # setting (never a token evaluated alone), the others with the baseline.
-            baseline = "sample-min2" if kind.endswith("-min2") and kind != "sample-min2" \
-                else "sample"
+            baseline = (
+                "sample-min2" if kind.endswith("-min2") and kind != "sample-min2" else "sample"
+            )
             entry["identical"] = identity(records, backend, set_name, kind, baseline)
     return out
 
 
 def identity(records, backend, set_name, kind, baseline="sample"):
     """(identical, compared) greedy outputs of ``kind`` against ``baseline``'s, per run."""
-    base = {(r.prompt, r.repeat): r for r in records if r.backend == backend
-            and r.temperature == 0 and r.set == set_name and r.kind == baseline}
+    base = {
+        (r.prompt, r.repeat): r
+        for r in records
+        if r.backend == backend and r.temperature == 0 and r.set == set_name and r.kind == baseline
+    }
     same = total = 0
     for r in records:
         if (r.backend, r.temperature, r.set, r.kind) != (backend, 0.0, set_name, kind):
@@ -679,13 +732,18 @@ def markdown(records: list[Record], config: Config, meta: dict) -> str:
     lines = []
     sets = list(prompt_sets.PROMPT_SETS)
     backends = [b for b in ("llama", "transformers") if any(k[0] == b for k in summ)]
-    lines.append(f"Load average before / after: {meta.get('load_before')} / "
-                 f"{meta.get('load_after')}; {meta.get('threads_note', '')}")
+    lines.append(
+        f"Load average before / after: {meta.get('load_before')} / "
+        f"{meta.get('load_after')}; {meta.get('threads_note', '')}"
+    )
     lines.append("")
     for backend in backends:
         for temperature in config.temperatures:
-            kinds = [k for k in config.kinds_for(backend, temperature)
-                     if any(key == (backend, temperature, s, k) for key in summ for s in sets)]
+            kinds = [
+                k
+                for k in config.kinds_for(backend, temperature)
+                if any(key == (backend, temperature, s, k) for key in summ for s in sets)
+            ]
             if not kinds:
                 continue
             title = "llama.cpp" if backend == "llama" else "transformers (PyTorch, CPU)"
@@ -709,10 +767,15 @@ def markdown(records: list[Record], config: Config, meta: dict) -> str:
                     if e is None:
                         row += " — | — | — | — |"
                         continue
-                    ratio = (f"{_fmt(e['ratio'])} ({_fmt(e['ratio_min'])}-{_fmt(e['ratio_max'])})"
-                             if e["ratio"] is not None else "—")
-                    row += (f" {_fmt(e['tokens_per_second'], 1)} | {ratio} |"
-                            f" {_fmt(e['tokens_per_pass'])} | {_fmt(e['acceptance'])} |")
+                    ratio = (
+                        f"{_fmt(e['ratio'])} ({_fmt(e['ratio_min'])}-{_fmt(e['ratio_max'])})"
+                        if e["ratio"] is not None
+                        else "—"
+                    )
+                    row += (
+                        f" {_fmt(e['tokens_per_second'], 1)} | {ratio} |"
+                        f" {_fmt(e['tokens_per_pass'])} | {_fmt(e['acceptance'])} |"
+                    )
                     if e["identical"]:
                         same += e["identical"][0]
                         total += e["identical"][1]
@@ -721,39 +784,54 @@ def markdown(records: list[Record], config: Config, meta: dict) -> str:
                 lines.append(row)
             lines.append("")
             if temperature == 0:
-                lines.append("Greedy identical: runs whose output equals plain decoding's "
-                             "token for token (by text for llama-cpp-python); a "
-                             "`min_eval_tokens=2` run is compared with plain decoding at "
-                             "that setting.")
+                lines.append(
+                    "Greedy identical: runs whose output equals plain decoding's "
+                    "token for token (by text for llama-cpp-python); a "
+                    "`min_eval_tokens=2` run is compared with plain decoding at "
+                    "that setting."
+                )
                 lines.append("")
     curves = meta.get("cost_curves") or {}
     if curves:
         sizes = list(next(iter(curves.values()))[0]["relative"])
-        lines.append("#### Cost of a target pass over k tokens, relative to one token "
-                     "(before / after the runs)")
+        lines.append(
+            "#### Cost of a target pass over k tokens, relative to one token "
+            "(before / after the runs)"
+        )
         lines.append("")
         lines.append("| backend | one token (ms) | " + " | ".join(f"k={k}" for k in sizes) + " |")
         lines.append("|---|---:|" + "---:|" * len(sizes))
         for backend, measured in curves.items():
             for when, curve in zip(("before", "after"), measured, strict=False):
                 rel = curve["relative"]
-                lines.append(f"| {backend} ({when}) | {curve['one_token_ms']:.1f} | "
-                             + " | ".join(f"{rel[k]:.2f}" for k in rel) + " |")
+                lines.append(
+                    f"| {backend} ({when}) | {curve['one_token_ms']:.1f} | "
+                    + " | ".join(f"{rel[k]:.2f}" for k in rel)
+                    + " |"
+                )
         model = _policy_cost_model()
         if model:
             overhead, per_token = model
-            lines.append("| AdaptiveDraftLength's default model | | " + " | ".join(
-                f"{1.0 if int(k) == 1 else 1 + overhead + per_token * (int(k) - 1):.2f}"
-                for k in sizes) + " |")
+            lines.append(
+                "| AdaptiveDraftLength's default model | | "
+                + " | ".join(
+                    f"{1.0 if int(k) == 1 else 1 + overhead + per_token * (int(k) - 1):.2f}"
+                    for k in sizes
+                )
+                + " |"
+            )
         lines.append("")
     # per-prompt ratios and draft-length histograms
     lines.append("#### Per prompt: ratio to the baseline (median tokens/s over repeats)")
     lines.append("")
     for backend in backends:
         for temperature in config.temperatures:
-            kinds = [k for k in config.kinds_for(backend, temperature) if k != "sample"
-                     and any(key[0] == backend and key[1] == temperature and key[3] == k
-                             for key in summ)]
+            kinds = [
+                k
+                for k in config.kinds_for(backend, temperature)
+                if k != "sample"
+                and any(key[0] == backend and key[1] == temperature and key[3] == k for key in summ)
+            ]
             if not kinds:
                 continue
             lines.append(f"{backend}, T={temperature}:")
@@ -784,6 +862,7 @@ def markdown(records: list[Record], config: Config, meta: dict) -> str:
 
 # --- pytest-benchmark ----------------------------------------------------------------------------
 
+
 def _params():
     config = Config()
     for backend in config.backends:
@@ -800,8 +879,11 @@ def _session_bench(backend: str):
     """The shared :class:`Bench` (every available backend loaded once), warmed up."""
     if "bench" not in _SESSION:
         config = Config()
-        available = [b for b in config.backends
-                     if not (llama_available() if b == "llama" else transformers_available())]
+        available = [
+            b
+            for b in config.backends
+            if not (llama_available() if b == "llama" else transformers_available())
+        ]
         _SESSION["bench"] = Bench(config, available) if available else None
         _SESSION["warm"] = set()
     bench = _SESSION["bench"]
@@ -817,10 +899,12 @@ except ImportError:  # the script mode does not need pytest
     pytest = None
 
 if pytest is not None:
+
     @pytest.mark.benchmark(group="end-to-end")
     @pytest.mark.parametrize(
         "backend,temperature,set_name,prompt,kind",
-        [pytest.param(*p, id=f"{p[0]}-T{p[1]}-{p[3]}-{p[4]}") for p in _params()])
+        [pytest.param(*p, id=f"{p[0]}-T{p[1]}-{p[3]}-{p[4]}") for p in _params()],
+    )
     def test_end_to_end(benchmark, backend, temperature, set_name, prompt, kind):
         """One (backend, temperature, prompt, run kind) cell: ``repeats`` timed rounds.
 
@@ -839,23 +923,30 @@ if pytest is not None:
         repeats = iter(range(bench.config.repeats))
 
         def setup():
-            record, go = bench.prepare(backend, set_name, prompt, temperature, kind,
-                                       next(repeats))
+            record, go = bench.prepare(backend, set_name, prompt, temperature, kind, next(repeats))
             records.append(record)
             return (go,), {}
 
-        benchmark.pedantic(lambda go: go(), setup=setup, rounds=bench.config.repeats,
-                           iterations=1)
+        benchmark.pedantic(lambda go: go(), setup=setup, rounds=bench.config.repeats, iterations=1)
         speeds = [r.tokens_per_second for r in records]
         benchmark.extra_info.update(
-            backend=backend, temperature=temperature, set=set_name, prompt=prompt, kind=kind,
+            backend=backend,
+            temperature=temperature,
+            set=set_name,
+            prompt=prompt,
+            kind=kind,
             tokens_per_second=statistics.median(speeds),
-            tokens_per_pass=(sum(r.tokens for r in records)
-                             / max(sum(r.passes for r in records), 1)),
-            records=[asdict(r) for r in records], config=asdict(bench.config), load=_load())
+            tokens_per_pass=(
+                sum(r.tokens for r in records) / max(sum(r.passes for r in records), 1)
+            ),
+            records=[asdict(r) for r in records],
+            config=asdict(bench.config),
+            load=_load(),
+        )
 
 
 # --- the script ----------------------------------------------------------------------------------
+
 
 def _load() -> str:
     try:
@@ -877,13 +968,19 @@ def run_all(config: Config, progress=print, checkpoint=None) -> tuple[list[Recor
             progress(f"skipping {backend}: {why}")
         else:
             backends.append(backend)
-    meta = {"load_before": _load(), "python": sys.version.split()[0],
-            "machine": platform.processor() or platform.machine(),
-            "config": asdict(config), "specdec_backend": specdec.BACKEND,
-            "threads_note": (f"llama.cpp n_threads={config.threads}, "
-                             f"torch.set_num_threads({config.threads})")}
-    for kind in sorted({k for b in backends for t in config.temperatures
-                        for k in config.kinds_for(b, t)}):
+    meta = {
+        "load_before": _load(),
+        "python": sys.version.split()[0],
+        "machine": platform.processor() or platform.machine(),
+        "config": asdict(config),
+        "specdec_backend": specdec.BACKEND,
+        "threads_note": (
+            f"llama.cpp n_threads={config.threads}, torch.set_num_threads({config.threads})"
+        ),
+    }
+    for kind in sorted(
+        {k for b in backends for t in config.temperatures for k in config.kinds_for(b, t)}
+    ):
         why = kind_skipped(kind)
         if why:
             progress(f"skipping {kind}: {why}")
@@ -904,10 +1001,13 @@ def run_all(config: Config, progress=print, checkpoint=None) -> tuple[list[Recor
                     for kind in config.kinds_for(backend, temperature):
                         if kind_skipped(kind):
                             continue
-                        records.append(bench.run(backend, set_name, name, temperature,
-                                                 kind, repeat))
-            progress(f"repeat {repeat + 1}/{config.repeats}, {name}: "
-                     f"{time.perf_counter() - started:.0f} s, load {_load()}")
+                        records.append(
+                            bench.run(backend, set_name, name, temperature, kind, repeat)
+                        )
+            progress(
+                f"repeat {repeat + 1}/{config.repeats}, {name}: "
+                f"{time.perf_counter() - started:.0f} s, load {_load()}"
+            )
             if checkpoint is not None:
                 checkpoint(records, dict(meta, load_after=_load(), partial=True))
     for backend in backends:
@@ -919,8 +1019,11 @@ def run_all(config: Config, progress=print, checkpoint=None) -> tuple[list[Recor
 
 def show_outputs(config: Config) -> None:
     """Print each prompt's greedy baseline answer and how much of it the prompt holds."""
-    backends = [b for b in config.backends[:1]
-                if not (llama_available() if b == "llama" else transformers_available())]
+    backends = [
+        b
+        for b in config.backends[:1]
+        if not (llama_available() if b == "llama" else transformers_available())
+    ]
     if not backends:
         print("no backend available")
         return
@@ -928,25 +1031,29 @@ def show_outputs(config: Config) -> None:
     for set_name, name, _ in config.prompt_items():
         record = bench.run(backends[0], set_name, name, 0.0, "sample", 0)
         prompt = bench.prompt_ids[name]
-        grams = {tuple(prompt[i:i + 3]) for i in range(len(prompt) - 2)}
+        grams = {tuple(prompt[i : i + 3]) for i in range(len(prompt) - 2)}
         seq = prompt + record.output
         n = len(record.output)
         inside = earlier = 0
         for i in range(len(prompt), len(seq)):
-            gram = tuple(seq[i - 2:i + 1])
+            gram = tuple(seq[i - 2 : i + 1])
             inside += gram in grams
             earlier += gram in grams or any(
-                tuple(seq[j - 2:j + 1]) == gram for j in range(len(prompt), i))
-        print(f"=== {set_name} / {name}: {n} tokens; of their 3-grams, "
-              f"{inside / max(n, 1):.0%} occur in the prompt, "
-              f"{earlier / max(n, 1):.0%} in the prompt or earlier in the answer")
+                tuple(seq[j - 2 : j + 1]) == gram for j in range(len(prompt), i)
+            )
+        print(
+            f"=== {set_name} / {name}: {n} tokens; of their 3-grams, "
+            f"{inside / max(n, 1):.0%} occur in the prompt, "
+            f"{earlier / max(n, 1):.0%} in the prompt or earlier in the answer"
+        )
         print(record.text)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="1 repeat, 2 prompts per set, 64 tokens")
+    parser.add_argument(
+        "--quick", action="store_true", help="1 repeat, 2 prompts per set, 64 tokens"
+    )
     parser.add_argument("--tokens", type=int)
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--prompts", type=int, help="prompts per set (0: all)")
@@ -957,8 +1064,11 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int)
     parser.add_argument("--json", help="write every run's record to this file")
     parser.add_argument("--from-json", help="print the tables of an earlier --json file")
-    parser.add_argument("--show-outputs", action="store_true",
-                        help="print the greedy answer to every prompt and exit")
+    parser.add_argument(
+        "--show-outputs",
+        action="store_true",
+        help="print the greedy answer to every prompt and exit",
+    )
     args = parser.parse_args(argv)
     config = Config()
     if args.quick:
@@ -977,10 +1087,12 @@ def main(argv=None) -> int:
         if "benchmarks" in data:  # pytest-benchmark's JSON
             extras = [b["extra_info"] for b in data["benchmarks"] if "records" in b["extra_info"]]
             records = [Record(**r) for extra in extras for r in extra["records"]]
-            meta = {"config": extras[0]["config"] if extras else asdict(config),
-                    "load_before": extras[0].get("load") if extras else None,
-                    "load_after": extras[-1].get("load") if extras else None,
-                    "threads_note": "from pytest-benchmark JSON"}
+            meta = {
+                "config": extras[0]["config"] if extras else asdict(config),
+                "load_before": extras[0].get("load") if extras else None,
+                "load_after": extras[-1].get("load") if extras else None,
+                "threads_note": "from pytest-benchmark JSON",
+            }
         else:
             records = [Record(**r) for r in data["records"]]
             meta = data["meta"]
@@ -989,12 +1101,17 @@ def main(argv=None) -> int:
     if args.show_outputs:
         show_outputs(config)
         return 0
-    def save(records, meta):
-        Path(args.json).write_text(json.dumps(
-            {"meta": meta, "records": [asdict(r) for r in records]}, indent=1))
 
-    records, meta = run_all(config, progress=lambda m: print(m, file=sys.stderr, flush=True),
-                            checkpoint=save if args.json else None)
+    def save(records, meta):
+        Path(args.json).write_text(
+            json.dumps({"meta": meta, "records": [asdict(r) for r in records]}, indent=1)
+        )
+
+    records, meta = run_all(
+        config,
+        progress=lambda m: print(m, file=sys.stderr, flush=True),
+        checkpoint=save if args.json else None,
+    )
     if args.json:
         save(records, meta)
     print(markdown(records, config, meta))

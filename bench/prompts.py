@@ -28,8 +28,7 @@ what the greedy answer does.
 
 from __future__ import annotations
 
-__all__ = ["INPUT_GROUNDED", "OPEN_ENDED", "PROMPT_SETS", "SYSTEM", "chat",
-           "ngram_training_texts"]
+__all__ = ["INPUT_GROUNDED", "OPEN_ENDED", "PROMPT_SETS", "SYSTEM", "chat", "ngram_training_texts"]
 
 #: The template's default system message (used when a conversation has none).
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -50,12 +49,14 @@ def chat(user: str, system: str = SYSTEM) -> str:
     str
         The prompt text; tokenise it with special tokens parsed and no BOS added.
     """
-    return (f"<|im_start|>system\n{system}<|im_end|>\n"
-            f"<|im_start|>user\n{user}<|im_end|>\n"
-            f"<|im_start|>assistant\n")
+    return (
+        f"<|im_start|>system\n{system}<|im_end|>\n"
+        f"<|im_start|>user\n{user}<|im_end|>\n"
+        f"<|im_start|>assistant\n"
+    )
 
 
-_FUNCTION = '''\
+_FUNCTION = """\
 def average_word_length(text):
     words = text.split()
     count = 0
@@ -70,7 +71,7 @@ def average_word_length(text):
     result = total / count
     print("average:", result)
     return result
-'''
+"""
 
 _CSV = """\
 name,country,population,area_km2
@@ -119,29 +120,34 @@ INPUT_GROUNDED: dict[str, str] = {
     # (without the rename, and without the print line), then adds a sentence.
     "edit_function": chat(
         "```python\n" + _FUNCTION + "```\nRepeat this code, but rename the variable "
-        "`count` to `n_words`."),
+        "`count` to `n_words`."
+    ),
     # Comma-separated input makes it answer in HTML; with " | " separators it writes a
     # Markdown table (header rule added, cells copied; " | " splits into other tokens
     # next to the cells, so only about 60% of its 3-grams are the prompt's).
     "table_to_markdown": chat(
-        "Format this data as a table with columns separated by |:\n\n"
-        + _CSV.replace(",", " | ")),
+        "Format this data as a table with columns separated by |:\n\n" + _CSV.replace(",", " | ")
+    ),
     # Quotes the whole text, not the second paragraph: 99% of 3-grams are the prompt's.
     "quote_passage": chat(
         "Here is a text:\n\n" + _PASSAGE + "\n\nQuote the second paragraph of the text "
-        "exactly, word for word."),
+        "exactly, word for word."
+    ),
     # Copies the email with the name replaced, then praises it (about half the answer).
     "repeat_email": chat(
         "Here is an email:\n\n" + _EMAIL + "\n\nRepeat the email exactly, "
-        "but replace the name Maria with Daniel."),
+        "but replace the name Maria with Daniel."
+    ),
     # Repeats the four items (mixing their words), then repeats them again.
     "extend_list": chat(
-        "Continue this list with six more fruits, in exactly the same style:\n\n" + _LIST),
+        "Continue this list with six more fruits, in exactly the same style:\n\n" + _LIST
+    ),
     # Reformats the records over several lines and repeats its own first record:
     # it reuses its own output more than the prompt (37% of 3-grams are the prompt's).
     "json_records": chat(
         "Here are two JSON records:\n\n" + _JSON + "\nWrite four more records in exactly "
-        "the same format, for Carol White, Dan Brown, Eve Black and Frank Green."),
+        "the same format, for Carol White, Dan Brown, Eve Black and Frank Green."
+    ),
 }
 
 #: Prompts with nothing to copy (name -> chat prompt text).
