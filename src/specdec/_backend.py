@@ -38,7 +38,7 @@ def _load_core() -> ModuleType | None:
 
 #: The kernel functions: the compiled core and its pure-Python twin both define them,
 #: with the same signatures (tests/test_backend.py checks it).
-KERNEL_FUNCTIONS = ("sample_token", "row_laws", "verify")
+KERNEL_FUNCTIONS = ("sample_token", "row_laws", "verify", "verify_tree")
 
 
 def _share_docstrings(core: ModuleType) -> None:

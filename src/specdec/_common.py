@@ -102,9 +102,11 @@ def check_row_laws_args(rows, laws_out, weights_out, vocab_size: int) -> None:
 
 
 def check_verify_args(
-    target_rows, draft_tokens, draft_weights, draft_laws, block, vocab_size: int
+    target_rows, draft_tokens, draft_weights, draft_laws, block, vocab_size: int, caller="verify"
 ) -> None:
     """Arguments of ``verify``, checked before any work; the messages name the argument.
+
+    ``caller`` prefixes the messages: the kernel whose arguments these are.
 
     Raises
     ------
@@ -114,36 +116,85 @@ def check_verify_args(
         Shapes that disagree, a draft token outside [0, V), or only one of
         ``draft_weights`` and ``draft_laws``.
     """
-    check_rows(target_rows, "verify: target_rows", vocab_size)
-    _check_array(draft_tokens, "verify: draft_tokens", 1, "int64 token ids")
+    check_rows(target_rows, f"{caller}: target_rows", vocab_size)
+    _check_array(draft_tokens, f"{caller}: draft_tokens", 1, "int64 token ids")
     if draft_tokens.dtype.kind not in "iu":
-        raise TypeError(f"verify: draft_tokens must hold integer ids, got {draft_tokens.dtype}")
+        raise TypeError(f"{caller}: draft_tokens must hold integer ids, got {draft_tokens.dtype}")
     n = len(draft_tokens)
     if len(target_rows) != n + 1:
         raise ValueError(
-            f"verify: target_rows must hold n + 1 = {n + 1} rows (one per "
+            f"{caller}: target_rows must hold n + 1 = {n + 1} rows (one per "
             f"draft token and one for the bonus), got {len(target_rows)}"
         )
     if (draft_weights is None) != (draft_laws is None):
         raise ValueError(
-            "verify: draft_weights and draft_laws must both be given (drafts "
+            f"{caller}: draft_weights and draft_laws must both be given (drafts "
             "sampled from a model) or both be None (one-hot drafts)"
         )
     if draft_weights is not None:
-        check_rows(draft_weights, "verify: draft_weights", vocab_size)
+        check_rows(draft_weights, f"{caller}: draft_weights", vocab_size)
         if len(draft_weights) < n:
             raise ValueError(
-                f"verify: draft_weights holds {len(draft_weights)} rows, "
+                f"{caller}: draft_weights holds {len(draft_weights)} rows, "
                 f"{n} draft tokens need as many"
             )
-        check_laws(draft_laws, "verify: draft_laws", n)
+        check_laws(draft_laws, f"{caller}: draft_laws", n)
     if n:
         low, high = int(draft_tokens.min()), int(draft_tokens.max())
         bad = low if low < 0 else high
         if low < 0 or high >= vocab_size:
-            raise ValueError(f"verify: draft token {bad} is outside [0, {vocab_size})")
+            raise ValueError(f"{caller}: draft token {bad} is outside [0, {vocab_size})")
     if not isinstance(block, (bool, np.bool_)):
         raise TypeError(
             f"verify: block must be a bool (True: block verification, False: "
             f"token by token), got {type(block).__name__}"
+        )
+
+
+def check_tree(parents, n_nodes: int, name: str = "parents") -> None:
+    """``parents`` must give each of ``n_nodes`` nodes -1 (the root) or an earlier node.
+
+    Raises
+    ------
+    TypeError
+        ``parents`` is not a 1-D integer array.
+    ValueError
+        Its length is not ``n_nodes``, or ``parents[i]`` lies outside [-1, i).
+    """
+    _check_array(parents, name, 1, "int64 parent indices")
+    if parents.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integer node indices, got {parents.dtype}")
+    if len(parents) != n_nodes:
+        raise ValueError(f"{name} must hold one parent per node ({n_nodes}), got {len(parents)}")
+    if n_nodes:
+        # uint64 beyond int64 compares as itself against the int64 bounds
+        bad = (parents < -1) | (parents >= np.arange(n_nodes))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"{name}[{i}] is {int(parents[i])}: a node's parent must be -1 (the root) "
+                f"or an earlier node, in [-1, {i})"
+            )
+
+
+def check_tree_args(
+    target_rows, draft_tokens, parents, draft_weights, draft_laws, path_out, vocab_size: int
+) -> None:
+    """Arguments of ``verify_tree``, checked before any work.
+
+    The rows, tokens and draft follow ``check_verify_args``' rules (n nodes, n + 1
+    target rows); ``path_out`` receives up to n node indices.
+    """
+    check_verify_args(
+        target_rows, draft_tokens, draft_weights, draft_laws, False, vocab_size, "verify_tree"
+    )
+    check_tree(parents, len(draft_tokens), "verify_tree: parents")
+    _check_array(path_out, "verify_tree: path_out", 1, "int64 node indices")
+    if path_out.dtype != np.int64 or not path_out.flags.writeable:
+        raise TypeError(
+            f"verify_tree: path_out must be a writeable int64 array, got {path_out.dtype}"
+        )
+    if len(path_out) < len(draft_tokens):
+        raise ValueError(
+            f"verify_tree: path_out holds {len(path_out)} entries, {len(draft_tokens)} needed"
         )

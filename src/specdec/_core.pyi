@@ -41,3 +41,14 @@ def verify(
     work: Workspace,
     block: bool = False,
 ) -> tuple[int, int]: ...
+def verify_tree(
+    target_rows: _Logits,
+    draft_tokens: npt.NDArray[np.int64],
+    parents: npt.NDArray[np.int64],
+    draft_weights: _Logits | None,
+    draft_laws: _Laws | None,
+    controls: SamplingControls,
+    rng: np.random.Generator,
+    work: Workspace,
+    path_out: npt.NDArray[np.int64],
+) -> tuple[int, int]: ...

@@ -28,7 +28,8 @@ from specdec._kernels cimport *
 
 import numpy as np
 
-from specdec._common import BLOCK_SIZE, InvalidLogitsError, check_row_laws_args, check_verify_args
+from specdec._common import (BLOCK_SIZE, InvalidLogitsError, check_row_laws_args, check_tree_args,
+                             check_verify_args)
 from specdec._common import SHIFT_LIMIT as _SHIFT_LIMIT
 from specdec._validation import SamplingControls
 
@@ -195,17 +196,25 @@ cdef inline Py_ssize_t stored_pick(const logit_t *w, Py_ssize_t n, const double 
 
 cdef inline double residual_sum(const target_logit_t *wp, const draft_weight_t *wq,
                                 Py_ssize_t n, double scale, double zp, double zq,
-                                double *blocks) noexcept nogil:
+                                double *blocks, double *store=NULL) noexcept nogil:
     if target_logit_t is float:
         if draft_weight_t is float:
-            return sd_residual_sum_f32_f32(wp, wq, n, scale, zp, zq, blocks)
+            return sd_residual_sum_f32_f32(wp, wq, n, scale, zp, zq, blocks, store)
         else:
-            return sd_residual_sum_f32_f64(wp, wq, n, scale, zp, zq, blocks)
+            return sd_residual_sum_f32_f64(wp, wq, n, scale, zp, zq, blocks, store)
     else:
         if draft_weight_t is float:
-            return sd_residual_sum_f64_f32(wp, wq, n, scale, zp, zq, blocks)
+            return sd_residual_sum_f64_f32(wp, wq, n, scale, zp, zq, blocks, store)
         else:
-            return sd_residual_sum_f64_f64(wp, wq, n, scale, zp, zq, blocks)
+            return sd_residual_sum_f64_f64(wp, wq, n, scale, zp, zq, blocks, store)
+
+cdef inline double stored_residual_sum(double *r, const draft_weight_t *wq, Py_ssize_t n,
+                                       double zr, double zq, double *blocks) noexcept nogil:
+    """The residual of a stored residual ``r`` (mass ``zr``), written over ``r``."""
+    if draft_weight_t is float:
+        return sd_residual_sum_f64_f32(r, wq, n, 1.0, zr, zq, blocks, r)
+    else:
+        return sd_residual_sum_f64_f64(r, wq, n, 1.0, zr, zq, blocks, r)
 
 cdef inline Py_ssize_t residual_pick(const target_logit_t *wp, const draft_weight_t *wq,
                                      Py_ssize_t n, double scale, double zp, double zq,
@@ -407,25 +416,39 @@ cdef inline double draft_probability(const draft_weight_t *q_row, const RowLaw *
     return <double> q_row[x] / q_law.total
 
 
-cdef Py_ssize_t one_hot_residual_pick(target_logit_t *w, const target_logit_t *row, Py_ssize_t n,
-                                      RowLaw *law, Py_ssize_t x, double *blocks,
-                                      const Controls *c, double u) noexcept nogil:
-    """A draw from the row's law with token x removed, renormalised (one-hot drafts'
-    residual, whatever the prefix ratio: it scales every weight alike).  ``w`` and
-    ``blocks`` are the row's stored weights and block sums; w[x] is set to 0 and its
-    block's sum redone, so no exp is recomputed."""
+cdef double one_hot_remove(target_logit_t *w, Py_ssize_t n, Py_ssize_t x,
+                           double *blocks) noexcept nogil:
+    """Set w[x] to 0 and redo its block's sum (no exp recomputed); return the new total
+    of the stored weights ``w`` (the sum of ``blocks``)."""
     cdef Py_ssize_t b = x // SD_BLOCK, k
     cdef double total = 0.0
     w[x] = 0
     blocks[b] = block_sum(w, b * SD_BLOCK, min(n, (b + 1) * SD_BLOCK))
     for k in range((n + SD_BLOCK - 1) // SD_BLOCK):
         total += blocks[k]
+    return total
+
+
+cdef Py_ssize_t fresh_pick(const target_logit_t *row, Py_ssize_t n, RowLaw *law,
+                           const Controls *c, double *blocks, double u) noexcept nogil:
+    """A draw from the row's own law, its block sums recomputed into ``blocks``: the
+    fallback when a residual that must have mass is empty in floating point."""
+    law.total = expsum(row, n, law, c.inv_t, blocks, <target_logit_t *> NULL)
+    return pick(row, n, law, c.inv_t, blocks, u * law.total)
+
+
+cdef Py_ssize_t one_hot_residual_pick(target_logit_t *w, const target_logit_t *row, Py_ssize_t n,
+                                      RowLaw *law, Py_ssize_t x, double *blocks,
+                                      const Controls *c, double u) noexcept nogil:
+    """A draw from the row's law with token x removed, renormalised (one-hot drafts'
+    residual, whatever the prefix ratio: it scales every weight alike).  ``w`` and
+    ``blocks`` are the row's stored weights and block sums; w[x] is set to 0."""
+    cdef double total = one_hot_remove(w, n, x, blocks)
     if total > 0.0:
         return stored_pick(w, n, blocks, u * total)
     # Every weight but x's is 0 although x was rejected (only rounding can do this):
     # fall back on the row's law itself.
-    law.total = expsum(row, n, law, c.inv_t, blocks, <target_logit_t *> NULL)
-    return pick(row, n, law, c.inv_t, blocks, u * law.total)
+    return fresh_pick(row, n, law, c, blocks, u)
 
 
 cdef int verify_token_nogil(const target_logit_t *rows, const int64_t *tokens,
@@ -475,8 +498,7 @@ cdef int verify_token_nogil(const target_logit_t *rows, const int64_t *tokens,
         else:
             # p and q agree to rounding although the draft was rejected: the
             # residual is empty in floating point, so fall back on p itself.
-            law_p.total = expsum(row, n, &law_p, c.inv_t, work.blocks, <target_logit_t *> NULL)
-            token[0] = pick(row, n, &law_p, c.inv_t, work.blocks, u * law_p.total)
+            token[0] = fresh_pick(row, n, &law_p, c, work.blocks, u)
         return 0
     if bonus:
         row_index[0] = n_draft
@@ -592,8 +614,7 @@ cdef int verify_block_nogil(const target_logit_t *rows, const int64_t *tokens,
     else:
         # Empty residual in floating point (p_tau P and Q agree to rounding): fall back
         # on the row's law itself, as the token scheme does.
-        law_i.total = expsum(row, n, law_i, c.inv_t, blocks_i, <target_logit_t *> NULL)
-        token[0] = pick(row, n, law_i, c.inv_t, blocks_i, u * law_i.total)
+        token[0] = fresh_pick(row, n, law_i, c, blocks_i, u)
     return 0
 
 
@@ -678,3 +699,192 @@ def verify(target_rows, draft_tokens, draft_weights, draft_laws, bint bonus, obj
     t64 = target_rows
     return verify_with_target[double](t64, token_ptr, n_draft, draft_weights, q_law_ptr, bonus,
                                       &c, rng, work, block)
+
+
+# --- tree verification ---------------------------------------------------------------
+
+cdef inline Py_ssize_t next_child(const int64_t *parents, Py_ssize_t n_nodes, Py_ssize_t node,
+                                  Py_ssize_t after) noexcept nogil:
+    """The first child of ``node`` (-1: the root) with an index above ``after``, or
+    n_nodes.  Children come after their parent, so the scan starts there."""
+    cdef Py_ssize_t j = max(after + 1, node + 1)
+    while j < n_nodes and parents[j] != node:
+        j += 1
+    return j
+
+
+cdef int verify_tree_nogil(const target_logit_t *rows, const int64_t *tokens,
+                           const int64_t *parents, Py_ssize_t n_nodes, Py_ssize_t n,
+                           const draft_weight_t *q, Py_ssize_t q_stride, const RowLaw *q_laws,
+                           const Controls *c, Workspace work, bitgen_t *bitgen, int64_t *path,
+                           Py_ssize_t *depth, Py_ssize_t *token,
+                           Py_ssize_t *row_index) noexcept nogil:
+    """Multi-step speculative sampling over a tree (SpecInfer, Miao et al. 2024); q NULL:
+    one-hot drafts.
+
+    At node ``node`` (row node + 1), the current law starts as the target's P; its
+    children are tried in index order, one uniform each: child x is kept when
+    u q(x) < p(x) (u < p(x) for one-hot drafts), and the walk descends to it; after a
+    rejection p becomes norm(max(0, p - q)) (one-hot: p without x).  When no child is
+    kept, one more uniform draws the next token from the current p.  A chain is
+    therefore ``verify_token_nogil`` draw for draw: the same uniforms, the same
+    weights, the same residual sums, the same inverse-CDF scans.
+
+    Storage: P's weights in ``work.row_weights`` and its block sums in
+    ``work.blocks``.  One-hot rejections zero the rejected weight there.  A sampled
+    rejection writes its residual into ``work.weights`` (free between two row laws),
+    and the next sibling's rejection rewrites it in place.  If floating point leaves a
+    residual empty although a child was rejected (only rounding can), the remaining
+    children are not tried and the next token comes from P, as the chain does.
+    """
+    cdef RowLaw law
+    cdef target_logit_t *w = <target_logit_t *> work.row_weights
+    cdef double *residual = work.weights
+    cdef const target_logit_t *row
+    cdef const draft_weight_t *q_row
+    cdef Py_ssize_t node = -1, child, x
+    cdef double total, p, u
+    cdef bint rejected, kept
+    cdef int err = 0
+    depth[0] = 0
+    token[0] = -1
+    while True:
+        row_index[0] = node + 1
+        row = rows + (node + 1) * n
+        err = row_law(row, n, c, work, &law, w, work.blocks)
+        if err:
+            return err
+        total = law.total
+        rejected = False
+        kept = False
+        child = next_child(parents, n_nodes, node, node)
+        while child < n_nodes:
+            x = tokens[child]
+            u = bitgen.next_double(bitgen.state)
+            if q == NULL:
+                p = <double> w[x] / total
+                kept = u < p  # never keeps p(x) = 0, even with u = 0
+                if not kept:
+                    total = one_hot_remove(w, n, x, work.blocks)
+            else:
+                q_row = q + child * q_stride
+                p = (residual[x] if rejected else <double> w[x]) / total
+                kept = u * draft_probability(q_row, &q_laws[child], x) < p
+                if not kept and rejected:
+                    total = stored_residual_sum(residual, q_row, n, total, q_laws[child].total,
+                                                work.blocks)
+                elif not kept:
+                    total = residual_sum(w, q_row, n, 1.0, total, q_laws[child].total,
+                                         work.blocks, residual)
+            if kept:
+                break
+            rejected = True
+            if not total > 0.0:
+                break
+            child = next_child(parents, n_nodes, node, child)
+        if kept:
+            path[depth[0]] = child
+            depth[0] += 1
+            node = child
+            continue
+        u = bitgen.next_double(bitgen.state)
+        if not rejected:  # a leaf: the bonus draw from P
+            token[0] = pick(row, n, &law, c.inv_t, work.blocks, u * law.total)
+        elif not total > 0.0:
+            token[0] = fresh_pick(row, n, &law, c, work.blocks, u)
+        elif q == NULL:
+            token[0] = stored_pick(w, n, work.blocks, u * total)
+        else:
+            token[0] = sd_stored_pick_f64(residual, n, work.blocks, u * total)
+        return 0
+
+
+cdef object verify_tree_rows(const target_logit_t *rows, const int64_t *tokens,
+                             const int64_t *parents, Py_ssize_t n_nodes, Py_ssize_t n,
+                             const draft_weight_t *q, Py_ssize_t q_stride,
+                             const RowLaw *q_laws, const Controls *c, object rng,
+                             Workspace work, int64_t *path):
+    """verify_tree on raw rows: ``rows`` (n_nodes + 1, n) C-contiguous; ``q`` NULL for
+    one-hot drafts, else (n_nodes, n) with rows ``q_stride`` apart."""
+    cdef Py_ssize_t node = -1, child = 0, best = -1, depth = 0, token = -1, row_index = 0
+    cdef int err = 0
+    if c.greedy:
+        # Descend to the child equal to the target's argmax (the lowest id among its
+        # maxima); no uniform is drawn.
+        with nogil:
+            while True:
+                row_index = node + 1
+                err = greedy_token(rows + row_index * n, n, &best)
+                if err:
+                    break
+                child = next_child(parents, n_nodes, node, node)
+                while child < n_nodes and tokens[child] != best:
+                    child = next_child(parents, n_nodes, node, child)
+                if child == n_nodes:
+                    break
+                path[depth] = child
+                depth += 1
+                node = child
+        if err:
+            raise InvalidLogitsError(row_index, err)
+        return depth, best
+
+    bit_generator = rng.bit_generator
+    cdef bitgen_t *bitgen = bitgen_of(bit_generator)
+    with bit_generator.lock, nogil:
+        err = verify_tree_nogil(rows, tokens, parents, n_nodes, n, q, q_stride, q_laws, c, work,
+                                bitgen, path, &depth, &token, &row_index)
+    if err:
+        raise InvalidLogitsError(row_index, err)
+    return depth, token
+
+
+cdef object verify_tree_with_target(const target_logit_t[:, ::1] target_rows,
+                                    const int64_t *tokens, const int64_t *parents,
+                                    Py_ssize_t n_nodes, object draft_weights,
+                                    const RowLaw *q_laws, const Controls *c, object rng,
+                                    Workspace work, int64_t *path):
+    """Dispatch on the draft weights' type (or their absence: one-hot drafts)."""
+    cdef const float[:, ::1] q32
+    cdef const double[:, ::1] q64
+    cdef Py_ssize_t n = target_rows.shape[1]
+    cdef const target_logit_t *rows = &target_rows[0, 0]
+    if draft_weights is None or n_nodes == 0:
+        return verify_tree_rows(rows, tokens, parents, n_nodes, n, <const float *> NULL, 0,
+                                q_laws, c, rng, work, path)
+    if draft_weights.dtype == np.float32:
+        q32 = draft_weights
+        return verify_tree_rows(rows, tokens, parents, n_nodes, n, &q32[0, 0], n, q_laws, c,
+                                rng, work, path)
+    q64 = draft_weights
+    return verify_tree_rows(rows, tokens, parents, n_nodes, n, &q64[0, 0], n, q_laws, c, rng,
+                            work, path)
+
+
+def verify_tree(target_rows, draft_tokens, parents, draft_weights, draft_laws,
+                object controls, object rng, Workspace work, path_out):
+    """Compiled twin of ``specdec._fallback.verify_tree``, whose docstring _backend copies."""
+    check_tree_args(target_rows, draft_tokens, parents, draft_weights, draft_laws, path_out,
+                    work.vocab_size)
+    cdef Controls c = unpack_controls(controls)
+    cdef const int64_t[::1] tokens = np.ascontiguousarray(draft_tokens, dtype=np.int64)
+    cdef const int64_t[::1] parent_ids = np.ascontiguousarray(parents, dtype=np.int64)
+    cdef int64_t[::1] path = path_out
+    cdef Py_ssize_t n_nodes = tokens.shape[0]
+    cdef const RowLaw[::1] q_laws
+    cdef const RowLaw *q_law_ptr = NULL
+    if draft_laws is not None and n_nodes > 0:
+        q_laws = draft_laws
+        q_law_ptr = &q_laws[0]
+    cdef const int64_t *token_ptr = &tokens[0] if n_nodes > 0 else NULL
+    cdef const int64_t *parent_ptr = &parent_ids[0] if n_nodes > 0 else NULL
+    cdef int64_t *path_ptr = &path[0] if n_nodes > 0 else NULL
+    cdef const float[:, ::1] t32
+    cdef const double[:, ::1] t64
+    if target_rows.dtype == np.float32:
+        t32 = target_rows
+        return verify_tree_with_target[float](t32, token_ptr, parent_ptr, n_nodes, draft_weights,
+                                              q_law_ptr, &c, rng, work, path_ptr)
+    t64 = target_rows
+    return verify_tree_with_target[double](t64, token_ptr, parent_ptr, n_nodes, draft_weights,
+                                           q_law_ptr, &c, rng, work, path_ptr)

@@ -22,6 +22,7 @@ from specdec._common import (
     InvalidLogitsError,
     check_laws,
     check_row_laws_args,
+    check_tree_args,
     check_verify_args,
 )
 from specdec._validation import SamplingControls
@@ -202,6 +203,17 @@ def _row_law(row: np.ndarray, index: int, inv_t: float, top_k: int, top_p: float
     return _Law(m, tau, zmin, total), w
 
 
+def _residual(w_p, total_p, scale, q_weights, q_total) -> np.ndarray:
+    """max(0, scale p - q) with p = w_p / total_p and q = q_weights / q_total, in float64.
+
+    ``sd_residual_block`` of _residual_template.h.
+    """
+    p_row = w_p * (scale / total_p)
+    q_row = q_weights.astype(np.float64) * (1.0 / float(q_total))
+    # A comparison, not a clamp of the difference: the support is exactly p > q.
+    return np.where(p_row > q_row, p_row - q_row, 0.0)
+
+
 def _pick(w: np.ndarray, u: float) -> int:
     """Inverse-CDF draw with one uniform; never an index of zero weight."""
     cdf = np.cumsum(w)
@@ -379,10 +391,7 @@ def verify(
             rest = w_p.copy()
             rest[int(draft_tokens[i])] = 0.0
             return rest
-        p_row = w_p * (scale / law_p.total)
-        q_row = draft_weights[i].astype(np.float64) * (1.0 / float(q_totals[i]))
-        # A comparison, not a clamp of the difference: the support is exactly p > q.
-        return np.where(p_row > q_row, p_row - q_row, 0.0)
+        return _residual(w_p, law_p.total, scale, draft_weights[i], q_totals[i])
 
     def residual_draw(i, scale, u):
         weights = residual(i, scale)
@@ -442,3 +451,105 @@ def _block_length(n_draft, draft_tokens, row, q_of, residual, one_hot, rng):
     if n_draft > 0 and etas[n_draft - 1] < ratio:
         tau = n_draft
     return tau, ratios
+
+
+def verify_tree(
+    target_rows, draft_tokens, parents, draft_weights, draft_laws, controls, rng, work, path_out
+):
+    """Verify a tree of drafted tokens: keep one path from the root, then draw a token.
+
+    Multi-step speculative sampling (SpecInfer, Miao et al. 2024).  At each node
+    (the root first), the current law p starts as the target's row law; the node's
+    children are tried in index order, one uniform u each: child x is kept when
+    ``u * q(x) < p(x)`` (``u < p(x)`` for one-hot drafts) and the walk descends to
+    it; after a rejection p becomes norm(max(0, p - q)) (one-hot: p without x).
+    When no child is kept, one more uniform draws the next token from the current p
+    (from the target's law itself at a leaf).  A chain (every node has at most one
+    child) makes exactly the decisions of token-by-token ``verify``.  Exact when
+    siblings are independent draws from their draft laws.
+
+    Parameters
+    ----------
+    target_rows : ndarray of float32 or float64, shape (n + 1, V), C-contiguous
+        The target's logits: row 0 at the root, row i + 1 after node i.
+    draft_tokens : ndarray of int64, shape (n,)
+        Each node's token.
+    parents : ndarray of int64, shape (n,)
+        Each node's parent: -1 for a child of the root, else an earlier node
+        (``parents[i] < i``).
+    draft_weights : ndarray of float32 or float64, shape (>= n, V), or None
+        Row i: the weights of the law node i was drawn from (siblings carry the same
+        law), as ``sample_token`` or ``row_laws`` returned them; None (with
+        ``draft_laws`` None) for one-hot drafts.  Unused for greedy.
+    draft_laws : ndarray of LAW_DTYPE, shape (>= n,), or None
+        The laws that came with ``draft_weights``.
+    controls : specdec._validation.SamplingControls
+        As for ``sample_token``; temperature 0 descends to the child equal to the
+        target's argmax (the lowest id among its maxima), drawing nothing.
+    rng, work
+        As for ``sample_token``.
+    path_out : ndarray of int64, shape (>= n,), writeable
+        Receives the kept nodes' indices, root to leaf, in its first ``depth`` entries.
+
+    Returns
+    -------
+    depth : int
+        Number of kept nodes.
+    token : int
+        The token drawn after the last kept node.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Arguments of the wrong type, dtype or shape, a token outside [0, V), or a
+        parent outside [-1, i).
+    InvalidLogitsError
+        A target row that the walk read holds no law; ``row`` says which.
+    """
+    check_tree_args(
+        target_rows, draft_tokens, parents, draft_weights, draft_laws, path_out, work.vocab_size
+    )
+    inv_t, top_k, top_p, min_p = _controls(controls)
+    tokens = [int(t) for t in draft_tokens]
+    children = [[] for _ in range(len(tokens) + 1)]  # children[node + 1], in index order
+    for child, parent in enumerate(parents):
+        children[int(parent) + 1].append(child)
+    depth, node = 0, -1
+    if inv_t == math.inf:
+        while True:
+            row = target_rows[node + 1]
+            _row_max(row, node + 1)
+            best = int(np.argmax(row))
+            kept = next((j for j in children[node + 1] if tokens[j] == best), None)
+            if kept is None:
+                return depth, best
+            path_out[depth], depth, node = kept, depth + 1, kept
+    one_hot = draft_weights is None
+    while True:
+        law, w = _row_law(target_rows[node + 1], node + 1, inv_t, top_k, top_p, min_p)
+        current, total, rejected, kept = w, law.total, False, None
+        for j in children[node + 1]:
+            x = tokens[j]
+            p = current[x] / total
+            u = rng.random()
+            if one_hot:
+                if u < p:  # never keeps p(x) = 0, even with u = 0
+                    kept = j
+                    break
+                current = current.copy() if current is w else current  # w: the fallback
+                current[x] = 0.0
+            else:
+                q_total = float(draft_laws["total"][j])
+                if u * (float(draft_weights[j, x]) / q_total) < p:
+                    kept = j
+                    break
+                current = _residual(current, total, 1.0, draft_weights[j], q_total)
+            total = float(current.sum())
+            rejected = True
+            if not total > 0.0:  # empty in floating point: the next token comes from p
+                break
+        if kept is not None:
+            path_out[depth], depth, node = kept, depth + 1, kept
+            continue
+        u = rng.random()
+        return depth, _pick(current if rejected and total > 0.0 else w, u)

@@ -39,22 +39,26 @@ cdef extern from "_kernels.h" nogil:
                                   double *vals, double *ws)
 
     double sd_residual_sum_f32_f32(const float *wp, const float *wq, Py_ssize_t n,
-                                   double scale, double zp, double zq, double *blocks)
+                                   double scale, double zp, double zq, double *blocks,
+                                   double *store)
     Py_ssize_t sd_residual_pick_f32_f32(const float *wp, const float *wq, Py_ssize_t n,
                                         double scale, double zp, double zq,
                                         const double *blocks, double target)
     double sd_residual_sum_f32_f64(const float *wp, const double *wq, Py_ssize_t n,
-                                   double scale, double zp, double zq, double *blocks)
+                                   double scale, double zp, double zq, double *blocks,
+                                   double *store)
     Py_ssize_t sd_residual_pick_f32_f64(const float *wp, const double *wq, Py_ssize_t n,
                                         double scale, double zp, double zq,
                                         const double *blocks, double target)
     double sd_residual_sum_f64_f32(const double *wp, const float *wq, Py_ssize_t n,
-                                   double scale, double zp, double zq, double *blocks)
+                                   double scale, double zp, double zq, double *blocks,
+                                   double *store)
     Py_ssize_t sd_residual_pick_f64_f32(const double *wp, const float *wq, Py_ssize_t n,
                                         double scale, double zp, double zq,
                                         const double *blocks, double target)
     double sd_residual_sum_f64_f64(const double *wp, const double *wq, Py_ssize_t n,
-                                   double scale, double zp, double zq, double *blocks)
+                                   double scale, double zp, double zq, double *blocks,
+                                   double *store)
     Py_ssize_t sd_residual_pick_f64_f64(const double *wp, const double *wq, Py_ssize_t n,
                                         double scale, double zp, double zq,
                                         const double *blocks, double target)

@@ -22,17 +22,22 @@ SD_INLINE void SD_SUFFIX(sd_residual_block)(const SD_TP *wp, const SD_TQ *wq, pt
     }
 }
 
-/* Total residual mass, with per-block sums stored in `blocks`. */
+/* Total residual mass, with per-block sums stored in `blocks`.  When `store` is not
+ * NULL, the residual weights are kept there too (n doubles; tree verification tests
+ * the next sibling against them and draws from them with sd_stored_pick_f64, which
+ * gives sd_residual_pick's token).  `store` may be `wp` itself (SD_TP double): each
+ * weight is read before it is overwritten. */
 SD_CLONES static double SD_SUFFIX(sd_residual_sum)(const SD_TP *wp, const SD_TQ *wq, ptrdiff_t n,
                                                    double scale, double zp, double zq,
-                                                   double *blocks)
+                                                   double *blocks, double *store)
 {
     const double inv_zp = scale / zp, inv_zq = 1.0 / zq;
     double total = 0.0;
     ptrdiff_t b = 0;
     for (ptrdiff_t start = 0; start < n; start += SD_BLOCK, b++) {
         ptrdiff_t end = start + SD_BLOCK < n ? start + SD_BLOCK : n;
-        double residual[SD_BLOCK];
+        double scratch[SD_BLOCK];
+        double *residual = store ? store + start : scratch;
         SD_SUFFIX(sd_residual_block)(wp, wq, start, end, inv_zp, inv_zq, residual);
         double s = 0.0;
         SD_SIMD_SUM(s)
