@@ -9,7 +9,8 @@ A drop-in replacement for a NumPy speculative-sampling loop::
 ``draft_model`` may also be a drafter that costs nothing (``specdec.drafters``:
 prompt lookup, token n-grams, or a ``Chain`` of them and a draft model).  Serving
 engines call the verification step alone: :func:`verify` and :func:`verify_batch`
-(``specdec.engine``).  Real models plug in through ``specdec.models``.
+(``specdec.engine``), and :func:`verify_tree` for a tree of candidates.  Real models
+plug in through ``specdec.models``.
 
 The kernels come from the compiled core (``BACKEND == "cython"``) unless
 ``SPECDEC_PUREPYTHON=1`` is set or the core was not built (``"python"``).
@@ -18,6 +19,7 @@ The kernels come from the compiled core (``BACKEND == "cython"``) unless
 from specdec._backend import BACKEND, available_backends
 from specdec._decoder import SpeculativeDecoder, sample
 from specdec._stats import SpeculativeDecodingStats
+from specdec._tree import verify_tree
 from specdec.engine import BatchResult, verify, verify_batch
 
 __version__ = "0.2.0"
@@ -32,4 +34,5 @@ __all__ = [
     "sample",
     "verify",
     "verify_batch",
+    "verify_tree",
 ]

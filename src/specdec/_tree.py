@@ -1,0 +1,175 @@
+"""Tree verification for engines: several candidates scored in one target pass.
+
+A single draft path wastes the target's pass when its first token is wrong; a tree of
+candidates (prompt lookup's several continuations, a suffix tree's branches, k sampled
+children per node of a draft model) keeps more tokens per pass.  :func:`verify_tree`
+is the verification step for such a tree (SpecInfer's multi-step speculative
+sampling, Miao et al. 2024): the kernels' ``verify_tree`` walks it from the root, and
+a tree that is one path makes exactly the decisions of token-by-token :func:`verify`.
+
+Inputs are read as :func:`specdec.verify` reads them (``specdec.engine``'s helpers:
+DLPack and array-protocol producers, one copy for non-contiguous rows, nothing
+written to the caller's arrays), and every check that needs no row values comes
+before any work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec._backend import kernels_for
+from specdec._common import InvalidLogitsError, check_tree
+from specdec._validation import SamplingControls, make_rng
+from specdec.engine import _as_array, _check_kind, _draft_law, _float_rows, _scratch, _Step
+from specdec.engine import _token_ids as _ids
+
+__all__ = ["verify_tree"]
+
+
+def _parents(value, n_nodes: int) -> np.ndarray:
+    """The parent indices as int64: -1 (the root) or an earlier node, one per node."""
+    array = _as_array(value, "parents")
+    if array.ndim != 1:
+        raise ValueError(f"parents must be 1-D, (N,) parent indices, got shape {array.shape}")
+    if array.size == 0 and array.dtype.kind not in "iu":  # [] is float64 to NumPy
+        array = array.astype(np.int64)
+    check_tree(array, n_nodes, "parents")  # before the cast: uint64 beyond int64 is refused
+    return array.astype(np.int64, copy=False)
+
+
+def verify_tree(
+    token_ids,
+    parents,
+    target_logits,
+    draft=None,
+    *,
+    draft_kind="logits",
+    temperature=1.0,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    rng=None,
+    backend=None,
+):
+    """Verify a tree of N candidate tokens against the target's N + 1 rows; keep a path.
+
+    At each node (the root first), the node's children are tried in index order:
+    child x is kept with probability min(1, p(x) / q(x)) (p(x) for one-hot drafts),
+    and the walk descends to it; after a rejection p becomes norm(max(0, p - q))
+    (one-hot: p without x, renormalised) and the next child is tried.  When no child
+    is kept, the next token is drawn from the current p.  The emitted tokens (the
+    path's, then the next token) follow exactly the target's law under the sampling
+    controls, when the children of a node are independent draws from their draft laws
+    (or deterministic proposals, ``draft=None``).
+
+    Parameters
+    ----------
+    token_ids : array-like of int, shape (N,)
+        Each node's token, in [0, V); N >= 0.
+    parents : array-like of int, shape (N,)
+        Each node's parent: -1 for a child of the root, else the index of an earlier
+        node (``parents[i] < i``).
+    target_logits : array of float32 or float64, shape (N + 1, V)
+        The target's logits: row 0 at the root, row i + 1 after node i (on the path
+        from the root to node i).
+    draft : array of float32 or float64, shape (N, V), or None
+        Row i: the law node i was drawn from (siblings, drawn from their parent's
+        draft law, carry the same row), as logits (``draft_kind="logits"``, q being
+        their law under the sampling controls) or probabilities
+        (``draft_kind="probs"``); None when the nodes are deterministic proposals
+        (one-hot drafts).  A node whose token has draft probability 0 is refused
+        (except at temperature 0).
+    draft_kind : {"logits", "probs"}, default "logits"
+        What ``draft`` holds (ignored when it is None).
+    temperature, top_k, top_p, min_p
+        Sampling controls of both models, as for :func:`specdec.verify`; temperature 0
+        descends to the child equal to the target's argmax (the lowest id among its
+        maxima) and draws no random number.
+    rng : numpy.random.Generator or int, optional
+        The uniforms' source (one per child tried, one for the next token); an int
+        seeds a new generator; default: a seed drawn from NumPy's global state.
+    backend : {"cython", "python"}, optional
+        Kernel backend; default :data:`specdec.BACKEND`.  Both make the same decisions
+        from the same seed.
+
+    Returns
+    -------
+    path : ndarray of int64, shape (depth,)
+        The kept nodes' indices, root to leaf (empty when the root's children are all
+        rejected, or N = 0).
+    next_token : int
+        The token drawn after the last kept node.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument, named, before any work: a parent not smaller than its node or
+        below -1, rows of the wrong count or shape, ids outside the vocabulary, bad
+        dtypes.  Rows that define no law (NaN or +inf, all -inf), bad draft
+        probabilities, or a node of draft probability 0, named by their row; target
+        row errors may come after uniforms were drawn.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import specdec
+    >>> rng = np.random.default_rng(0)
+    >>> target = rng.standard_normal((4, 10))  # root, then after nodes 0, 1, 2
+    >>> # two candidates after the root (tokens 3 and 5), one more after the first
+    >>> path, token = specdec.verify_tree([3, 5, 1], [-1, -1, 0], target, rng=1)
+    """
+    kind = _check_kind(draft_kind)
+    controls = SamplingControls.from_user(temperature, top_k, top_p, min_p)
+    kernels = kernels_for(backend)
+    ids = _ids(token_ids, "token_ids", 1, "(N,) the nodes' token ids")
+    n_nodes = len(ids)
+    parent_ids = _parents(parents, n_nodes)
+    target = _float_rows(target_logits, "target_logits", 2, "(N + 1, V)")
+    if len(target) != n_nodes + 1:
+        raise ValueError(
+            f"target_logits must have shape ({n_nodes + 1}, V) (row 0 at the root, row "
+            f"i + 1 after node i), got {target.shape}"
+        )
+    vocab = target.shape[1]
+    if vocab < 1:
+        raise ValueError("target_logits has no vocabulary (its last axis is empty)")
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab))
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"token_ids[{i}] is {int(ids[i])}, outside the vocabulary [0, {vocab})")
+    if draft is not None:
+        draft = _float_rows(draft, "draft", 2, f"(N, V) {kind}")
+        if draft.shape != (n_nodes, vocab):
+            raise ValueError(
+                f"draft must have shape ({n_nodes}, {vocab}) (one row per node, as many "
+                f"columns as target_logits), got {draft.shape}"
+            )
+    generator = None if controls.temperature == 0.0 and rng is None else make_rng(rng)
+
+    # The draft's law, by the engine's own code (one sequence, no batch axis).
+    step = _Step(
+        kernels=kernels,
+        controls=controls,
+        block=False,
+        kind=None if draft is None else kind,
+        ids=ids[np.newaxis],
+        draft=None if draft is None else draft[np.newaxis],
+        target=target[np.newaxis],
+        lengths=np.array([n_nodes], dtype=np.int64),
+        generators=[generator],
+        single=True,
+    )
+    scratch = _scratch(kernels, vocab)
+    try:
+        weights, laws = _draft_law(step, 0, n_nodes, scratch)
+    except ValueError as error:
+        # The engine names verify's argument; this function's is token_ids.
+        raise ValueError(str(error).replace("draft_token_ids[", "token_ids[", 1)) from error
+    path = np.empty(n_nodes, dtype=np.int64)
+    try:
+        depth, token = kernels.verify_tree(
+            target, ids, parent_ids, weights, laws, controls, generator, scratch.work, path
+        )
+    except InvalidLogitsError as error:
+        raise ValueError(f"target_logits[{error.row}] holds {error.reason}") from error
+    return path[:depth].copy(), int(token)
