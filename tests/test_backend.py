@@ -138,6 +138,7 @@ def _bad_calls(kernels):
     work, rng = kernels.Workspace(V), np.random.default_rng(0)
     law1, w1 = np.zeros(1, LAW_DTYPE), np.empty(V, np.float32)
     nan_row = np.full(V, np.nan, dtype=np.float32)
+    parents, path = np.array([-1, 0]), np.zeros(2, np.int64)
     return {
         "sample_token: NaN row": lambda: kernels.sample_token(
             nan_row, controls, rng, law1, w1, work
@@ -171,6 +172,30 @@ def _bad_calls(kernels):
         ),
         "verify: NaN target row": lambda: kernels.verify(
             np.vstack([nan_row] * 3), tokens, None, None, True, controls, rng, work, True
+        ),
+        "verify_tree: parent after its node": lambda: kernels.verify_tree(
+            rows, tokens, np.array([-1, 1]), weights, laws, controls, rng, work, path
+        ),
+        "verify_tree: parent below -1": lambda: kernels.verify_tree(
+            rows, tokens, np.array([-2, 0]), None, None, controls, rng, work, path
+        ),
+        "verify_tree: float parents": lambda: kernels.verify_tree(
+            rows, tokens, np.array([-1.0, 0.0]), None, None, controls, rng, work, path
+        ),
+        "verify_tree: rows for another count": lambda: kernels.verify_tree(
+            rows[:2], tokens, parents, None, None, controls, rng, work, path
+        ),
+        "verify_tree: token outside V": lambda: kernels.verify_tree(
+            rows, np.array([1, V]), parents, None, None, controls, rng, work, path
+        ),
+        "verify_tree: short path_out": lambda: kernels.verify_tree(
+            rows, tokens, parents, None, None, controls, rng, work, path[:1]
+        ),
+        "verify_tree: float path_out": lambda: kernels.verify_tree(
+            rows, tokens, parents, None, None, controls, rng, work, path.astype(float)
+        ),
+        "verify_tree: NaN target row": lambda: kernels.verify_tree(
+            np.vstack([nan_row] * 3), tokens, parents, None, None, controls, rng, work, path
         ),
     }
 
