@@ -141,9 +141,9 @@ SCENARIO_BY_ID = {s.id: s for s in SCENARIOS}
 class Harness:
     """Runs a scenario with a verifier; caches every context's rows and laws."""
 
-    def __init__(self, scenario: Scenario):
+    def __init__(self, scenario: Scenario, models=None):
         self.scenario = scenario
-        self.draft, self.target = scenario.models()
+        self.draft, self.target = scenario.models() if models is None else models
         self.controls = scenario.controls
         self._rows = {}
 
@@ -437,10 +437,10 @@ def test_greedy_emits_the_targets_greedy_decoding(backend):
     target's argmax decoding from the prompt."""
     target = ContextModel(5, seed=3)
     draft = ContextModel(5, seed=4)
-    harness = Harness(Scenario("greedy", 5, (2, 2), "one-hot", 0))
-    harness.draft, harness.target, harness.controls = draft, target, {"temperature": 0}
-    for prompt in [(0,), (1, 2), (4, 4, 3)]:
-        harness.scenario = Scenario("greedy", 5, (2, 2), "one-hot", 0, prompt=prompt)
+    kept = 0
+    for prompt in [(0,), (1, 2), (4, 4, 3), (2, 0), (3,)]:
+        scenario = Scenario("greedy", 5, (2, 2), "one-hot", 0, prompt, {"temperature": 0})
+        harness = Harness(scenario, models=(draft, target))
         tokens, parents, target_rows, _ = harness.tree(None)
         path, token = specdec.verify_tree(
             tokens, parents, target_rows, temperature=0, backend=backend
@@ -449,6 +449,8 @@ def test_greedy_emits_the_targets_greedy_decoding(backend):
         for _ in range(len(path) + 1):
             sequence.append(int(np.argmax(target.next_logits(sequence))))
         assert [int(tokens[j]) for j in path] + [token] == sequence[len(prompt) :]
+        kept += len(path)
+    assert kept >= 3
 
 
 # --- a chain is token-by-token verify -----------------------------------------------------

@@ -1,5 +1,5 @@
 # cython: language_level=3, embedsignature=True
-"""Compiled kernels of specdec: draft-token sampling and block verification.
+"""Compiled kernels of specdec: draft-token sampling, block and tree verification.
 
 Each ``def`` here has a twin of the same name and signature in ``_fallback.py``; the
 decoder calls one or the other.  Both draw every uniform with one ``next_double`` of
