@@ -14,6 +14,42 @@ def empty_proposal() -> np.ndarray:
     return _EMPTY.copy()
 
 
+def check_proposal(proposal, max_tokens: int, name: str) -> np.ndarray:
+    """A drafter's proposal as int64 ids, refused clearly (naming *name*) if it is not one.
+
+    A proposal is a 1-D array (or list or tuple) of int ids in ``[0, 2**63)``, at most
+    *max_tokens* of them; an empty one of any dtype means "no proposal".
+    """
+    if type(proposal) is np.ndarray and proposal.dtype == np.int64 and proposal.ndim == 1:
+        array = proposal  # the common case, on every step
+    elif isinstance(proposal, (np.ndarray, list, tuple)):
+        array = np.asarray(proposal)
+        if array.ndim == 1 and array.size == 0:
+            return empty_proposal()
+        if array.ndim != 1 or array.dtype.kind not in "iu":
+            raise TypeError(
+                f"drafter {name} proposed {array.dtype} ids of shape {array.shape}; "
+                "expected a 1-D array of int token ids"
+            )
+        if array.dtype == np.uint64 and array.max() > np.iinfo(np.int64).max:
+            raise ValueError(
+                f"drafter {name} proposed token id {int(array.max())}, beyond any vocabulary"
+            )
+        array = array.astype(np.int64, copy=False)
+    else:
+        raise TypeError(
+            f"drafter {name}: propose() returned a {type(proposal).__name__}; expected a "
+            "1-D array of int token ids (empty for no proposal)"
+        )
+    if len(array) > max_tokens:
+        raise ValueError(
+            f"drafter {name} proposed {len(array)} tokens, more than max_tokens={max_tokens}"
+        )
+    if len(array) and array.min() < 0:
+        raise ValueError(f"drafter {name} proposed a negative token id ({array.min()})")
+    return array
+
+
 def check_int_option(name: str, value, minimum: int) -> int:
     """An option that must be an int >= *minimum* (a bool is not an int)."""
     if type(value) is int and value >= minimum:  # the common case, on every step
