@@ -50,14 +50,16 @@ def check_proposal(proposal, max_tokens: int, name: str) -> np.ndarray:
     return array
 
 
-def check_int_option(name: str, value, minimum: int) -> int:
-    """An option that must be an int >= *minimum* (a bool is not an int)."""
-    if type(value) is int and value >= minimum:  # the common case, on every step
-        return value
+def check_int_option(name: str, value, minimum: int, maximum: int | None = None) -> int:
+    """An option that must be an int >= *minimum* (and <= *maximum*); a bool is not an int."""
+    if type(value) is int and value >= minimum and (maximum is None or value <= maximum):
+        return value  # the common case, on every step
     if not _is_int(value):
         raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be an int <= {maximum} (the supported maximum), got {value}")
     return int(value)
 
 
@@ -99,8 +101,15 @@ def as_sequence(tokens, name: str = "tokens") -> np.ndarray:
             return _EMPTY
         if array.dtype.kind not in "iu":
             raise TypeError(f"{name} must hold int token ids, got dtype {array.dtype}")
+        check_fits_int64(array, name)
         array = array.astype(np.int64)
     return array
+
+
+def check_fits_int64(ids: np.ndarray, name: str) -> None:
+    """Unsigned ids must fit in int64 (a cast would wrap them to negative ids)."""
+    if ids.dtype.kind == "u" and ids.size and ids.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds token id {int(ids.max())}, beyond any vocabulary")
 
 
 def check_n_new(n_new, length: int) -> int:

@@ -22,6 +22,7 @@ import numpy as np
 from specdec.drafters._checks import (
     as_sequence,
     check_bool_option,
+    check_fits_int64,
     check_ids,
     check_int_option,
     check_max_tokens,
@@ -60,7 +61,8 @@ class NGram(Drafter):
     Parameters
     ----------
     order : int, default 4
-        The n of the n-grams: contexts of up to ``order - 1`` tokens (>= 2).
+        The n of the n-grams: contexts of up to ``order - 1`` tokens, in
+        ``[2, NGram.MAX_ORDER]`` (32).
     num_tokens : int, default 10
         The most tokens proposed per step.
     min_count : int, default 1
@@ -120,6 +122,11 @@ class NGram(Drafter):
     (0.75, 0.5625)
     """
 
+    #: The largest ``order``: counting costs time and memory in proportion to
+    #: ``order ** 2`` per token, and contexts longer than a few tokens are rarely
+    #: seen twice anyway.
+    MAX_ORDER = 32
+
     def __init__(
         self,
         order: int = 4,
@@ -130,7 +137,7 @@ class NGram(Drafter):
         vocab_size: int | None = None,
         online: bool = True,
     ):
-        self._order = check_int_option("order", order, 2)
+        self._order = check_int_option("order", order, 2, self.MAX_ORDER)
         self.num_tokens = check_int_option("num_tokens", num_tokens, 1)
         self.min_count = check_int_option("min_count", min_count, 1)
         self.min_probability = check_probability_option(
@@ -251,6 +258,7 @@ class NGram(Drafter):
             raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}")
         if array.size and array.dtype.kind not in "iu":
             raise TypeError(f"{name} must hold int token ids, got dtype {array.dtype}")
+        check_fits_int64(array, name)
         check_ids(array, name, self._vocab_size)
         return array.tolist()
 
