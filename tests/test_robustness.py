@@ -6,9 +6,13 @@ escapes"): it failed before the fix.  Behavioural cases run on both backends.
 
 from __future__ import annotations
 
+import io
 import os
+import re
+import sys
 import threading
 import tracemalloc
+import zipfile
 
 import numpy as np
 import pytest
@@ -201,3 +205,197 @@ def test_uint64_ids_beyond_int64_are_refused_by_name():
         NGram().fit([[1, 2, 3]]).propose(ids, 3)
     with pytest.raises(ValueError, match="prompt holds token id 9223372036854775808, beyond"):
         PromptLookup().start(ids)
+
+
+# -- NGram files: malformed archives are ValueErrors, in bounded memory (item 2) -----------
+
+
+def _saved(tmp_path):
+    path = tmp_path / "ok.npz"
+    NGram(order=3, vocab_size=50).fit([[1, 2, 3, 4, 1, 2, 5]]).save(path)
+    return path
+
+
+def _rezip(source, target, replace=None, compression=zipfile.ZIP_STORED, extra=()):
+    """Copy the members of *source* into *target*, replacing some, adding *extra*."""
+    replace = replace or {}
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w", compression) as new:
+        for info in old.infolist():
+            new.writestr(info.filename, replace.get(info.filename, old.read(info)))
+        for name, data in extra:
+            new.writestr(name, data)
+    return target
+
+
+def _npy_header(shape, dtype="<i8"):
+    header = {"descr": dtype, "fortran_order": False, "shape": shape}
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, header)
+    return buffer.getvalue()
+
+
+def _refused(path, match):
+    """Load *path*, expect a ValueError naming it; return the peak memory of the attempt."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=re.escape(str(path)) + ".*" + match):
+            NGram.load(path)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _with_member(source, target, name, header, data_size, compression=zipfile.ZIP_STORED):
+    """*source*'s members with *name* replaced by *header* and *data_size* zero bytes."""
+    chunk = bytes(min(data_size, 2**20) or 1)
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
+        for info in old.infolist():
+            if info.filename != name:
+                new.writestr(info.filename, old.read(info))
+        member_info = zipfile.ZipInfo(name)
+        member_info.compress_type = compression
+        with new.open(member_info, "w", force_zip64=True) as member:
+            member.write(header)
+            for start in range(0, data_size, len(chunk)):
+                member.write(chunk[: data_size - start])
+    return target
+
+
+def test_ngram_load_refuses_a_zip_bomb_in_bounded_memory(tmp_path):
+    # 64 MiB of zeros deflate to about 64 kB; a valid file of that size holds far less.
+    rows = 2**22
+    bomb = _with_member(
+        _saved(tmp_path),
+        tmp_path / "bomb.npz",
+        "grams_2.npy",
+        _npy_header((rows, 2)),
+        rows * 16,
+        zipfile.ZIP_DEFLATED,
+    )
+    assert bomb.stat().st_size < 2**20
+    assert _refused(bomb, "is compressed") < 8 * 2**20
+
+
+@pytest.mark.parametrize(
+    ("shape", "data_size", "match"),
+    [
+        ((10**12, 2), 32, r"declares shape \(1000000000000, 2\).*but holds 32 bytes"),
+        ((2, 2), 31, r"declares shape \(2, 2\) of int64 \(32 bytes\) but holds 31"),
+    ],
+)
+def test_ngram_load_refuses_a_header_that_lies_about_the_size(tmp_path, shape, data_size, match):
+    path = _with_member(
+        _saved(tmp_path), tmp_path / "lies.npz", "grams_2.npy", _npy_header(shape), data_size
+    )
+    assert _refused(path, match) < 2**20
+
+
+def test_ngram_load_refuses_members_it_does_not_know(tmp_path):
+    path = _rezip(_saved(tmp_path), tmp_path / "extra.npz", extra=[("notes.txt", b"hello")])
+    _refused(path, r"unexpected member 'notes.txt' \(not an .npy array\)")
+    object_member = io.BytesIO()
+    np.save(object_member, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    path = _rezip(
+        _saved(tmp_path), tmp_path / "pickle.npz", {"counts_2.npy": object_member.getvalue()}
+    )
+    _refused(path, "member 'counts_2' holds dtype object, not plain numbers")
+
+
+def test_ngram_load_refuses_a_flipped_compression_method(tmp_path):
+    data = bytearray(_saved(tmp_path).read_bytes())
+    for signature, offset in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):
+        at = data.index(signature) + offset  # the first member's method, both headers
+        data[at : at + 2] = (99).to_bytes(2, "little")
+    path = tmp_path / "flipped.npz"
+    path.write_bytes(bytes(data))
+    _refused(path, r"compressed \(method 99\)")
+
+
+# -- NGram: saving while another thread learns (item 10) -----------------------------------
+
+
+def test_ngram_save_while_another_thread_learns(tmp_path):
+    # Deterministic interleaving: at each C call save makes, the main thread lets the
+    # learner thread run one update (new n-grams) and waits for it.  Before the fix,
+    # an update in the middle of save's loop over the counts broke it ("dictionary
+    # changed size during iteration").  With the lock, the learner waits for save's
+    # copy, the wait below times out once, and both finish.
+    drafter = NGram(order=3).fit([list(range(50))])
+    before = drafter.num_grams
+    go, done, errors = threading.Event(), threading.Event(), []
+    stopping = False
+
+    def learner():
+        token = 1000
+        while True:
+            go.wait()
+            go.clear()
+            if stopping:
+                return
+            try:
+                drafter.extend(np.array([token, token + 1, token + 2]), 3)
+            except Exception as error:  # pragma: no cover - reported below
+                errors.append(error)
+            token += 3
+            done.set()
+
+    blocked = False
+
+    def hook(frame, event, arg):
+        nonlocal blocked
+        if event == "c_call" and not blocked:
+            done.clear()
+            go.set()
+            blocked = not done.wait(2.0)  # the learner waits for the lock that save holds
+
+    thread = threading.Thread(target=learner)
+    thread.start()
+    sys.setprofile(hook)
+    try:
+        drafter.save(tmp_path / "saved.npz")
+    finally:
+        sys.setprofile(None)
+        done.wait(10.0)
+        stopping = True
+        go.set()
+        thread.join(10.0)
+    assert blocked and not errors and not thread.is_alive()
+    saved = NGram.load(tmp_path / "saved.npz").num_grams
+    assert before <= saved < drafter.num_grams
+
+
+# -- NGram: bounded memory, with a documented eviction rule (item 11) -----------------------
+
+
+def test_ngram_forgets_the_least_seen_contexts_first():
+    drafter = NGram(order=2, max_grams=4, min_probability=0)
+    drafter.fit([[1, 2, 1, 2, 1, 2]])  # contexts (1,) seen 3 times, (2,) twice
+    drafter.fit([[5, 6]])
+    drafter.fit([[7, 8]])
+    assert drafter.num_grams == 4
+    # A fifth n-gram: contexts go, least seen first and, among equals, the first seen
+    # first, down to 3/4 of max_grams: (5,) and (7,) go.
+    drafter.fit([[9, 10]])
+    assert drafter.num_grams == 3
+    assert [len(drafter.propose(np.array([token]), 1)) for token in (5, 7, 9, 1, 2)] == [
+        0,
+        0,
+        1,
+        1,
+        1,
+    ]
+
+
+def test_ngram_memory_is_bounded_online():
+    drafter = NGram(order=4, max_grams=500)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 1000, 8)
+    drafter.start(tokens)
+    for _ in range(300):  # random text: about 3 new n-grams per token
+        tokens = np.concatenate([tokens, rng.integers(0, 1000, 4)])
+        drafter.extend(tokens, 4)
+        assert drafter.num_grams <= 500
+    assert drafter.max_grams == 500
+    assert NGram(max_grams=None).max_grams is None
+    with pytest.raises(ValueError, match="max_grams must be an int >= 1, got 0"):
+        NGram(max_grams=0)

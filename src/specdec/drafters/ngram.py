@@ -11,14 +11,14 @@ prefers what usually follows to what followed last time.
 
 from __future__ import annotations
 
-import os
-import tempfile
-import zipfile
+import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
+from specdec.drafters import _ngram_file
 from specdec.drafters._checks import (
     as_sequence,
     check_bool_option,
@@ -34,12 +34,11 @@ from specdec.drafters.base import Drafter
 
 __all__ = ["NGram"]
 
-# The file layout written by NGram.save (an uncompressed .npz, read without pickle).
-_FORMAT = "specdec.drafters.NGram"
-_VERSION = 1
-
 # The saved options NGram.load lets a caller override.
-_OVERRIDABLE = ("num_tokens", "min_count", "min_probability", "online")
+_OVERRIDABLE = ("num_tokens", "min_count", "min_probability", "online", "max_grams")
+
+# About 300 MB of counts on random text (about 280 bytes per distinct n-gram).
+_DEFAULT_MAX_GRAMS = 2**20
 
 
 class NGram(Drafter):
@@ -84,6 +83,11 @@ class NGram(Drafter):
         Learn from every prompt (:meth:`start`) and every kept token
         (:meth:`extend`) too.  The counts accumulate across sequences, so a
         drafter serving many requests learns their common phrasing.
+    max_grams : int or None, default 2**20
+        The most distinct n-grams kept (memory: about 280 bytes each on random
+        text, so about 300 MB at the default).  When a new n-gram takes the count
+        above it, the least seen contexts are forgotten with their n-grams (see
+        Notes); None keeps every n-gram (memory then grows with the text).
 
     Attributes
     ----------
@@ -105,6 +109,18 @@ class NGram(Drafter):
     corpus or to the sequence.  Memory grows with the number of distinct n-grams
     seen (roughly ``order - 1`` dictionary entries per training token in the worst
     case); no unigram counts are kept, since a context-free guess is rarely kept.
+
+    *max_grams* bounds that memory.  When a new n-gram makes the number of
+    distinct n-grams exceed it, whole contexts are forgotten, with all their
+    n-grams, until at most ``3/4 * max_grams`` remain: the contexts seen least
+    often first and, among those seen equally often, the ones first seen
+    earliest.  A forgotten context is learnt afresh if it occurs again.  Whole
+    contexts go so that every kept context's counts and most frequent successor
+    stay exact; pruning to 3/4 of the cap keeps its cost (a sort of the contexts)
+    to once per ``max_grams / 4`` new n-grams.
+
+    Updates hold a lock, and so does :meth:`save` while it copies the counts:
+    saving while another thread generates with the drafter is safe.
 
     With *online*, every :meth:`start` counts its prompt again: generating several
     completions of one prompt weighs that prompt's n-grams accordingly (as it
@@ -136,6 +152,7 @@ class NGram(Drafter):
         min_probability: float = 0.5,
         vocab_size: int | None = None,
         online: bool = True,
+        max_grams: int | None = _DEFAULT_MAX_GRAMS,
     ):
         self._order = check_int_option("order", order, 2, self.MAX_ORDER)
         self.num_tokens = check_int_option("num_tokens", num_tokens, 1)
@@ -147,6 +164,12 @@ class NGram(Drafter):
             None if vocab_size is None else check_int_option("vocab_size", vocab_size, 1)
         )
         self.online = check_bool_option("online", online)
+        self._max_grams = None if max_grams is None else check_int_option("max_grams", max_grams, 1)
+        # Compared with len(self._counts) on every new gram: no None test on that path.
+        self._gram_limit = sys.maxsize if max_grams is None else self._max_grams
+        # Held by every update and by save's copy (see save): a drafter serves one
+        # sequence at a time, but may be saved from another thread meanwhile.
+        self._lock = threading.Lock()
         self.last_match_size = 0
         self.last_probabilities: tuple = ()
         self._counts: dict[tuple, int] = {}
@@ -163,6 +186,11 @@ class NGram(Drafter):
         return self._vocab_size
 
     @property
+    def max_grams(self) -> int | None:
+        """The most distinct n-grams kept (see the class's Notes), or None."""
+        return self._max_grams
+
+    @property
     def num_grams(self) -> int:
         """Number of distinct n-grams (of every length 2 .. order) counted."""
         return len(self._counts)
@@ -171,8 +199,18 @@ class NGram(Drafter):
         return (
             f"NGram(order={self._order}, num_tokens={self.num_tokens}, "
             f"min_count={self.min_count}, min_probability={self.min_probability}, "
-            f"vocab_size={self._vocab_size}, online={self.online})"
+            f"vocab_size={self._vocab_size}, online={self.online}, "
+            f"max_grams={self._max_grams})"
         )
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_lock"]  # a lock cannot be copied or pickled; a copy gets its own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     # -- learning -------------------------------------------------------------------
 
@@ -242,8 +280,9 @@ class NGram(Drafter):
                     "sequences: wrap a single sequence in a list"
                 )
             checked.append(self._checked(sequence, f"token_sequences[{i}]"))
-        for ids in checked:
-            self._count_sequence(ids)
+        with self._lock:
+            for ids in checked:
+                self._count_sequence(ids)
         return self
 
     def _checked(self, sequence, name: str) -> list:
@@ -275,18 +314,44 @@ class NGram(Drafter):
 
     def _add(self, gram: tuple, count: int) -> None:
         """Add *count* observations of *gram* and keep its context's argmax exact."""
-        total = self._counts.get(gram, 0) + count
-        self._counts[gram] = total
+        counts = self._counts
+        total = counts.get(gram, 0) + count
+        counts[gram] = total
         token = gram[-1]
         stats = self._contexts.get(gram[:-1])
         if stats is None:
             self._contexts[gram[:-1]] = [count, token, total]
+            if len(counts) > self._gram_limit:
+                self._forget()
             return
         stats[0] += count
         # Counts only grow: the new argmax is the old one or the incremented token.
         if total > stats[2] or (total == stats[2] and token < stats[1]):
             stats[1] = token
             stats[2] = total
+
+    def _forget(self) -> None:
+        """Drop the least seen contexts, with their n-grams, to 3/4 of max_grams n-grams.
+
+        Whole contexts go, so that every kept context's counts and most frequent
+        successor stay exact.  Order: smallest total count first; among equals, the
+        context first seen earliest (the dictionaries keep insertion order, and the
+        sort is stable).  Pruning to 3/4 of the cap makes this O(num_grams log) pass
+        run once per ``max_grams / 4`` new n-grams at most.
+        """
+        counts, contexts = self._counts, self._contexts
+        target = self._gram_limit * 3 // 4
+        successors = Counter(gram[:-1] for gram in counts)
+        remaining = len(counts)
+        dropped = set()
+        for context in sorted(contexts, key=lambda context: contexts[context][0]):
+            if remaining <= target:
+                break
+            dropped.add(context)
+            remaining -= successors[context]
+        self._counts = {gram: count for gram, count in counts.items() if gram[:-1] not in dropped}
+        for context in dropped:
+            del contexts[context]
 
     # -- the Drafter interface ------------------------------------------------------
 
@@ -301,7 +366,8 @@ class NGram(Drafter):
         prompt = as_sequence(prompt, "prompt")
         check_ids(prompt, "prompt", self._vocab_size)
         if self.online:
-            self._count_sequence(prompt.tolist())
+            with self._lock:
+                self._count_sequence(prompt.tolist())
 
     def propose(self, tokens, max_tokens: int) -> np.ndarray:
         """Propose the most frequent continuation while it stays likely enough.
@@ -379,9 +445,10 @@ class NGram(Drafter):
         if not self.online:
             return
         add = self._add
-        for position in range(first - offset, len(window)):
-            for size in range(1, min(self._order - 1, position) + 1):
-                add(tuple(window[position - size : position + 1]), 1)
+        with self._lock:
+            for position in range(first - offset, len(window)):
+                for size in range(1, min(self._order - 1, position) + 1):
+                    add(tuple(window[position - size : position + 1]), 1)
 
     # -- persistence ----------------------------------------------------------------
 
@@ -390,50 +457,51 @@ class NGram(Drafter):
 
         The file holds plain arrays only, no pickled objects: ``format`` (the string
         ``"specdec.drafters.NGram"``), ``version``, ``order``, the constructor's
-        options (``vocab_size`` -1 for None) and, for every n in 2 .. order,
-        ``grams_<n>`` (an (m, n) int64 array of n-grams, sorted) and ``counts_<n>``
-        (their counts).  The name is used as given (no ``.npz`` is appended), and
-        the file is written beside it and renamed into place, so a reader never
-        sees a partial file.
+        options (``vocab_size`` and ``max_grams`` -1 for None) and, for every n in
+        2 .. order, ``grams_<n>`` (an (m, n) int64 array of n-grams, sorted) and
+        ``counts_<n>`` (their counts).  The name is used as given (no ``.npz`` is
+        appended), and the file is written beside it and renamed into place, so a
+        reader never sees a partial file.
+
+        Saving while another thread generates with the drafter is safe: the counts
+        are copied under the lock that every update holds, so the file holds the
+        counts as they were between two updates.
 
         Parameters
         ----------
         path : path-like
             Destination file.
         """
-        arrays = {
-            "format": np.array(_FORMAT),
-            "version": np.int64(_VERSION),
+        with self._lock:
+            items = list(self._counts.items())
+        by_size: dict[int, list] = {n: [] for n in range(2, self._order + 1)}
+        for gram, count in items:
+            by_size[len(gram)].append((gram, count))
+        tables = {}
+        for n, grams_counts in by_size.items():
+            grams = np.array([g for g, _ in grams_counts], dtype=np.int64).reshape(-1, n)
+            counts = np.array([c for _, c in grams_counts], dtype=np.int64)
+            # Sorted rows: the same counts always give the same file.
+            order = np.lexsort(grams.T[::-1]) if len(grams) else np.zeros(0, np.intp)
+            tables[n] = grams[order], counts[order]
+        scalars = {
             "order": np.int64(self._order),
             "num_tokens": np.int64(self.num_tokens),
             "min_count": np.int64(self.min_count),
             "min_probability": np.float64(self.min_probability),
             "vocab_size": np.int64(-1 if self._vocab_size is None else self._vocab_size),
             "online": np.bool_(self.online),
+            "max_grams": np.int64(-1 if self._max_grams is None else self._max_grams),
         }
-        by_size: dict[int, list] = {n: [] for n in range(2, self._order + 1)}
-        for gram, count in self._counts.items():
-            by_size[len(gram)].append((gram, count))
-        for n, items in by_size.items():
-            grams = np.array([g for g, _ in items], dtype=np.int64).reshape(len(items), n)
-            counts = np.array([c for _, c in items], dtype=np.int64)
-            # Sorted rows: the same counts always give the same file.
-            order = np.lexsort(grams.T[::-1]) if len(items) else np.zeros(0, np.intp)
-            arrays[f"grams_{n}"] = grams[order]
-            arrays[f"counts_{n}"] = counts[order]
-        path = Path(path)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(handle, "wb") as file:
-                np.savez(file, **arrays)
-            os.replace(temporary, path)
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        _ngram_file.write(path, scalars, tables)
 
     @classmethod
     def load(cls, path, **options) -> NGram:
         """Read a drafter written by :meth:`save`.
+
+        Nothing the file declares is trusted: its members, their storage and their
+        headers are checked before any data is read, so the memory a file takes is
+        bounded by its size on disk, and no pickle is ever read.
 
         Parameters
         ----------
@@ -441,8 +509,8 @@ class NGram(Drafter):
             The file.
         **options
             Override saved options (``num_tokens``, ``min_count``,
-            ``min_probability``, ``online``; not ``order`` or ``vocab_size``,
-            which the counts depend on).
+            ``min_probability``, ``online``, ``max_grams``; not ``order`` or
+            ``vocab_size``, which the counts depend on).
 
         Returns
         -------
@@ -451,8 +519,8 @@ class NGram(Drafter):
         Raises
         ------
         ValueError
-            If the file is not an NGram file of a supported version, or its
-            contents are inconsistent.
+            If the file is not an NGram file of a supported version, or is
+            malformed in any way (the message names the file).
         FileNotFoundError
             If there is no such file.
         """
@@ -471,23 +539,16 @@ class NGram(Drafter):
         if not path.is_file():
             raise FileNotFoundError(f"no NGram drafter file at {path}")
         try:
-            data = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-            raise bad(f"{type(exc).__name__}: {exc}") from None
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise bad("it holds a single array, not an .npz archive")
-        try:
-            with data:
-                arrays = {key: data[key] for key in data.files}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-            raise bad(f"{type(exc).__name__}: {exc}") from None
-        if (
-            "format" not in arrays
-            or arrays["format"].shape != ()
-            or str(arrays["format"]) != _FORMAT
-        ):
+            arrays = _ngram_file.read(path)
+        except _ngram_file.FileError as exc:
+            raise bad(str(exc)) from None
+        marker = arrays.get("format")
+        if marker is None or marker.shape != () or str(marker) != _ngram_file.FORMAT:
             raise bad("missing or wrong 'format' marker")
         try:
+            for name in ("version", "order", *_ngram_file.OPTIONS):
+                if name in arrays and arrays[name].shape != ():
+                    raise ValueError(f"{name} has shape {arrays[name].shape}")
             version = int(arrays["version"])
             order = int(arrays["order"])
             saved = {
@@ -497,10 +558,12 @@ class NGram(Drafter):
                 "online": bool(arrays["online"]),
             }
             vocab_size = int(arrays["vocab_size"])
+            max_grams = int(arrays["max_grams"]) if "max_grams" in arrays else _DEFAULT_MAX_GRAMS
         except (KeyError, TypeError, ValueError) as exc:
             raise bad(f"missing or malformed option ({exc})") from None
-        if version != _VERSION:
-            raise bad(f"version {version}, this specdec reads version {_VERSION}")
+        if version != _ngram_file.VERSION:
+            raise bad(f"version {version}, this specdec reads version {_ngram_file.VERSION}")
+        saved["max_grams"] = None if max_grams == -1 else max_grams
         vocab = None if vocab_size == -1 else vocab_size
         try:
             cls(order, vocab_size=vocab, **saved)
@@ -509,6 +572,12 @@ class NGram(Drafter):
         # The caller's overrides are checked as constructor arguments: their errors are
         # the caller's, not the file's.
         drafter = cls(order, vocab_size=vocab, **{**saved, **options})
+        tables = {f"grams_{n}" for n in range(2, order + 1)}
+        tables |= {f"counts_{n}" for n in range(2, order + 1)}
+        extra = sorted(set(arrays) - tables - {"format", "version", "order"} - set(_OVERRIDABLE))
+        extra = [name for name in extra if name != "vocab_size"]
+        if extra:
+            raise bad(f"unexpected member {extra[0]!r} for order {order}")
         for n in range(2, order + 1):
             grams, counts = arrays.get(f"grams_{n}"), arrays.get(f"counts_{n}")
             if grams is None or counts is None:
@@ -527,6 +596,8 @@ class NGram(Drafter):
             if counts.size and counts.min() < 1:
                 raise bad(f"counts_{n} holds a count below 1")
             try:
+                check_fits_int64(grams, f"grams_{n}")
+                check_fits_int64(counts, f"counts_{n}")
                 check_ids(grams, f"grams_{n}", drafter._vocab_size)
             except ValueError as exc:
                 raise bad(str(exc)) from None
