@@ -396,6 +396,9 @@ def test_ngram_memory_is_bounded_online():
         drafter.extend(tokens, 4)
         assert drafter.num_grams <= 500
     assert drafter.max_grams == 500
+    # New n-grams of one context count too.
+    one_context = NGram(order=2, max_grams=10).fit([[1, token] for token in range(2, 100)])
+    assert one_context.num_grams <= 10
     assert NGram(max_grams=None).max_grams is None
     with pytest.raises(ValueError, match="max_grams must be an int >= 1, got 0"):
         NGram(max_grams=0)

@@ -37,8 +37,43 @@ __all__ = ["NGram"]
 # The saved options NGram.load lets a caller override.
 _OVERRIDABLE = ("num_tokens", "min_count", "min_probability", "online", "max_grams")
 
-# About 300 MB of counts on random text (about 280 bytes per distinct n-gram).
+# About 250 MB of counts on random text (about 240 bytes per distinct n-gram).
 _DEFAULT_MAX_GRAMS = 2**20
+
+
+class _Context:
+    """What the drafter knows of one context.
+
+    Attributes
+    ----------
+    total : int
+        How often the context was seen (the sum of its n-grams' counts).
+    best : int
+        Its most frequent successor (ties: the smallest id).
+    best_count : int
+        That successor's count.
+    """
+
+    __slots__ = ("total", "best", "best_count")
+
+    def __init__(self, total: int, best: int, best_count: int):
+        self.total = total
+        self.best = best
+        self.best_count = best_count
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, _Context):
+            return NotImplemented
+        return (self.total, self.best, self.best_count) == (
+            other.total,
+            other.best,
+            other.best_count,
+        )
+
+    __hash__ = None  # mutable
+
+    def __repr__(self) -> str:
+        return f"_Context(total={self.total}, best={self.best}, best_count={self.best_count})"
 
 
 class NGram(Drafter):
@@ -84,8 +119,8 @@ class NGram(Drafter):
         (:meth:`extend`) too.  The counts accumulate across sequences, so a
         drafter serving many requests learns their common phrasing.
     max_grams : int or None, default 2**20
-        The most distinct n-grams kept (memory: about 280 bytes each on random
-        text, so about 300 MB at the default).  When a new n-gram takes the count
+        The most distinct n-grams kept (memory: about 240 bytes each on random
+        text, so about 250 MB at the default).  When a new n-gram takes the count
         above it, the least seen contexts are forgotten with their n-grams (see
         Notes); None keeps every n-gram (memory then grows with the text).
 
@@ -101,9 +136,9 @@ class NGram(Drafter):
     Notes
     -----
     The counts live in two dictionaries keyed by tuples of ids: one gram
-    (context plus successor) -> count, and one context -> (total count, most
-    frequent successor, its count).  Counts only grow, so the most frequent
-    successor is maintained exactly on every increment.  A proposed token costs
+    (context plus successor) -> count, and one context -> its total count, most
+    frequent successor and that successor's count.  Counts only grow, so the most
+    frequent successor is maintained exactly on every increment.  A proposed token costs
     at most ``order - 1`` dictionary lookups and an online update at most
     ``order - 1`` increments per token: no step does work proportional to the
     corpus or to the sequence.  Memory grows with the number of distinct n-grams
@@ -173,7 +208,7 @@ class NGram(Drafter):
         self.last_match_size = 0
         self.last_probabilities: tuple = ()
         self._counts: dict[tuple, int] = {}
-        self._contexts: dict[tuple, list] = {}
+        self._contexts: dict[tuple, _Context] = {}
 
     @property
     def order(self) -> int:
@@ -320,15 +355,15 @@ class NGram(Drafter):
         token = gram[-1]
         stats = self._contexts.get(gram[:-1])
         if stats is None:
-            self._contexts[gram[:-1]] = [count, token, total]
-            if len(counts) > self._gram_limit:
-                self._forget()
-            return
-        stats[0] += count
-        # Counts only grow: the new argmax is the old one or the incremented token.
-        if total > stats[2] or (total == stats[2] and token < stats[1]):
-            stats[1] = token
-            stats[2] = total
+            self._contexts[gram[:-1]] = _Context(count, token, total)
+        else:
+            stats.total += count
+            # Counts only grow: the new argmax is the old one or the incremented token.
+            if total > stats.best_count or (total == stats.best_count and token < stats.best):
+                stats.best = token
+                stats.best_count = total
+        if total == count and len(counts) > self._gram_limit:  # a new gram, over the cap
+            self._forget()
 
     def _forget(self) -> None:
         """Drop the least seen contexts, with their n-grams, to 3/4 of max_grams n-grams.
@@ -344,7 +379,7 @@ class NGram(Drafter):
         successors = Counter(gram[:-1] for gram in counts)
         remaining = len(counts)
         dropped = set()
-        for context in sorted(contexts, key=lambda context: contexts[context][0]):
+        for context in sorted(contexts, key=lambda context: contexts[context].total):
             if remaining <= target:
                 break
             dropped.add(context)
@@ -401,18 +436,18 @@ class NGram(Drafter):
             # Back off from the longest context to the shortest usable one.
             for size in range(min(width, len(context)), 0, -1):
                 stats = contexts.get(tuple(context[-size:]))
-                if stats is not None and stats[0] >= min_count:
+                if stats is not None and stats.total >= min_count:
                     break
             else:
                 break
-            probability *= stats[2] / (stats[0] + 1)
+            probability *= stats.best_count / (stats.total + 1)
             if probability < min_probability:
                 break
             if not proposal:
                 self.last_match_size = size
-            proposal.append(stats[1])
+            proposal.append(stats.best)
             probabilities.append(probability)
-            context.append(stats[1])
+            context.append(stats.best)
             if len(context) > width:
                 del context[0]
         self.last_probabilities = tuple(probabilities)
