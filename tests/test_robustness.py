@@ -402,3 +402,36 @@ def test_ngram_memory_is_bounded_online():
     assert NGram(max_grams=None).max_grams is None
     with pytest.raises(ValueError, match="max_grams must be an int >= 1, got 0"):
         NGram(max_grams=0)
+
+
+def test_ngram_load_of_a_corrupted_file_is_a_value_error_naming_it(tmp_path):
+    # Random corruptions of a valid file (bytes flipped, cut, inserted, in the data
+    # or the zip directory): each one loads (the bytes did not matter) or is a
+    # ValueError naming the file; never another exception.
+    good = _saved(tmp_path).read_bytes()
+    directory = good.find(b"PK\x01\x02")
+    rng = np.random.default_rng(0)
+    path = tmp_path / "corrupted.npz"
+    for case in range(400):
+        data = bytearray(good)
+        at = int(rng.integers(directory if case % 2 else 0, len(data)))
+        kind = case % 3
+        if kind == 0:
+            data[at] = int(rng.integers(256))
+        elif kind == 1:
+            del data[at:]
+        else:
+            data[at:at] = rng.bytes(int(rng.integers(1, 20)))
+        path.write_bytes(bytes(data))
+        try:
+            NGram.load(path)
+        except ValueError as error:
+            assert str(path) in str(error)
+
+
+def test_ngram_load_refuses_a_garbage_npy_header(tmp_path):
+    header = bytearray(_npy_header((2, 2)))
+    header[10:20] = b"{'descr': "[:10]  # an unterminated literal: tokenize's TokenError
+    header[20:30] = b"(((((((((("
+    path = _with_member(_saved(tmp_path), tmp_path / "garbage.npz", "grams_2.npy", header, 32)
+    _refused(path, "malformed .npy header")

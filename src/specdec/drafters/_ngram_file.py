@@ -122,12 +122,19 @@ def _read_npy(archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> np.
     """One ``.npy`` member, its header checked against its size before the data is read."""
     with archive.open(info) as member:
         version = np.lib.format.read_magic(member)
-        if version == (1, 0):
-            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(member)
-        elif version == (2, 0):
-            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(member)
-        else:
+        if version not in ((1, 0), (2, 0)):
             raise FileError(f"member {name!r} has .npy format version {version}")
+        try:
+            if version == (1, 0):
+                shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(member)
+            else:
+                shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(member)
+        except Exception as exc:
+            # NumPy parses the header (a Python literal of at most 10,000 bytes) with
+            # tokenize and ast, which raise their own errors on garbage.
+            raise FileError(
+                f"member {name!r} has a malformed .npy header ({type(exc).__name__}: {exc})"
+            ) from None
         if dtype.hasobject or dtype.fields is not None or dtype.kind not in _KINDS:
             raise FileError(f"member {name!r} holds dtype {dtype}, not plain numbers")
         data_bytes = info.file_size - member.tell()
