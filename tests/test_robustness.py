@@ -435,3 +435,15 @@ def test_ngram_load_refuses_a_garbage_npy_header(tmp_path):
     header[20:30] = b"(((((((((("
     path = _with_member(_saved(tmp_path), tmp_path / "garbage.npz", "grams_2.npy", header, 32)
     _refused(path, "malformed .npy header")
+
+
+def test_ngram_load_reads_files_written_before_max_grams(tmp_path):
+    with zipfile.ZipFile(_saved(tmp_path)) as archive:
+        arrays = {name[: -len(".npy")]: np.load(archive.open(name)) for name in archive.namelist()}
+    del arrays["max_grams"]
+    path = tmp_path / "old.npz"
+    np.savez(path, **arrays)
+    assert NGram.load(path).max_grams == NGram().max_grams
+    arrays["grams_4"] = arrays["counts_4"] = np.zeros(0, np.int64)
+    np.savez(path, **arrays)
+    _refused(path, "unexpected member 'counts_4' for order 3")

@@ -607,10 +607,9 @@ class NGram(Drafter):
         # The caller's overrides are checked as constructor arguments: their errors are
         # the caller's, not the file's.
         drafter = cls(order, vocab_size=vocab, **{**saved, **options})
-        tables = {f"grams_{n}" for n in range(2, order + 1)}
-        tables |= {f"counts_{n}" for n in range(2, order + 1)}
-        extra = sorted(set(arrays) - tables - {"format", "version", "order"} - set(_OVERRIDABLE))
-        extra = [name for name in extra if name != "vocab_size"]
+        known = {"format", "version", "order", *_ngram_file.OPTIONS}
+        known |= {f"{table}_{n}" for table in ("grams", "counts") for n in range(2, order + 1)}
+        extra = sorted(set(arrays) - known)
         if extra:
             raise bad(f"unexpected member {extra[0]!r} for order {order}")
         for n in range(2, order + 1):
