@@ -509,26 +509,15 @@ class NGram(Drafter):
         """
         with self._lock:
             items = list(self._counts.items())
-        by_size: dict[int, list] = {n: [] for n in range(2, self._order + 1)}
-        for gram, count in items:
-            by_size[len(gram)].append((gram, count))
-        tables = {}
-        for n, grams_counts in by_size.items():
-            grams = np.array([g for g, _ in grams_counts], dtype=np.int64).reshape(-1, n)
-            counts = np.array([c for _, c in grams_counts], dtype=np.int64)
-            # Sorted rows: the same counts always give the same file.
-            order = np.lexsort(grams.T[::-1]) if len(grams) else np.zeros(0, np.intp)
-            tables[n] = grams[order], counts[order]
-        scalars = {
-            "order": np.int64(self._order),
-            "num_tokens": np.int64(self.num_tokens),
-            "min_count": np.int64(self.min_count),
-            "min_probability": np.float64(self.min_probability),
-            "vocab_size": np.int64(-1 if self._vocab_size is None else self._vocab_size),
-            "online": np.bool_(self.online),
-            "max_grams": np.int64(-1 if self._max_grams is None else self._max_grams),
+        options = {
+            "num_tokens": self.num_tokens,
+            "min_count": self.min_count,
+            "min_probability": self.min_probability,
+            "vocab_size": self._vocab_size,
+            "online": self.online,
+            "max_grams": self._max_grams,
         }
-        _ngram_file.write(path, scalars, tables)
+        _ngram_file.write(path, self._order, options, items)
 
     @classmethod
     def load(cls, path, **options) -> NGram:
@@ -574,32 +563,12 @@ class NGram(Drafter):
         if not path.is_file():
             raise FileNotFoundError(f"no NGram drafter file at {path}")
         try:
-            arrays = _ngram_file.read(path)
+            order, saved, arrays = _ngram_file.read(path)
         except _ngram_file.FileError as exc:
             raise bad(str(exc)) from None
-        marker = arrays.get("format")
-        if marker is None or marker.shape != () or str(marker) != _ngram_file.FORMAT:
-            raise bad("missing or wrong 'format' marker")
-        try:
-            for name in ("version", "order", *_ngram_file.OPTIONS):
-                if name in arrays and arrays[name].shape != ():
-                    raise ValueError(f"{name} has shape {arrays[name].shape}")
-            version = int(arrays["version"])
-            order = int(arrays["order"])
-            saved = {
-                "num_tokens": int(arrays["num_tokens"]),
-                "min_count": int(arrays["min_count"]),
-                "min_probability": float(arrays["min_probability"]),
-                "online": bool(arrays["online"]),
-            }
-            vocab_size = int(arrays["vocab_size"])
-            max_grams = int(arrays["max_grams"]) if "max_grams" in arrays else _DEFAULT_MAX_GRAMS
-        except (KeyError, TypeError, ValueError) as exc:
-            raise bad(f"missing or malformed option ({exc})") from None
-        if version != _ngram_file.VERSION:
-            raise bad(f"version {version}, this specdec reads version {_ngram_file.VERSION}")
-        saved["max_grams"] = None if max_grams == -1 else max_grams
-        vocab = None if vocab_size == -1 else vocab_size
+        vocab = saved.pop("vocab_size")
+        if saved["max_grams"] is _ngram_file.ABSENT:
+            saved["max_grams"] = _DEFAULT_MAX_GRAMS
         try:
             cls(order, vocab_size=vocab, **saved)
         except (TypeError, ValueError) as exc:
@@ -607,28 +576,11 @@ class NGram(Drafter):
         # The caller's overrides are checked as constructor arguments: their errors are
         # the caller's, not the file's.
         drafter = cls(order, vocab_size=vocab, **{**saved, **options})
-        known = {"format", "version", "order", *_ngram_file.OPTIONS}
-        known |= {f"{table}_{n}" for table in ("grams", "counts") for n in range(2, order + 1)}
-        extra = sorted(set(arrays) - known)
-        if extra:
-            raise bad(f"unexpected member {extra[0]!r} for order {order}")
-        for n in range(2, order + 1):
-            grams, counts = arrays.get(f"grams_{n}"), arrays.get(f"counts_{n}")
-            if grams is None or counts is None:
-                raise bad(f"missing grams_{n} / counts_{n}")
-            if (
-                grams.dtype.kind not in "iu"
-                or counts.dtype.kind not in "iu"
-                or grams.ndim != 2
-                or grams.shape[1] != n
-                or counts.shape != grams.shape[:1]
-            ):
-                raise bad(
-                    f"grams_{n} / counts_{n} have shapes {grams.shape} / {counts.shape} "
-                    f"and dtypes {grams.dtype} / {counts.dtype}"
-                )
-            if counts.size and counts.min() < 1:
-                raise bad(f"counts_{n} holds a count below 1")
+        try:
+            tables = _ngram_file.tables(arrays, order)
+        except _ngram_file.FileError as exc:
+            raise bad(str(exc)) from None
+        for n, (grams, counts) in tables.items():
             try:
                 check_fits_int64(grams, f"grams_{n}")
                 check_fits_int64(counts, f"counts_{n}")
