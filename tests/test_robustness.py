@@ -281,6 +281,7 @@ def test_ngram_load_refuses_a_zip_bomb_in_bounded_memory(tmp_path):
     [
         ((10**12, 2), 32, r"declares shape \(1000000000000, 2\).*but holds 32 bytes"),
         ((2, 2), 31, r"declares shape \(2, 2\) of int64 \(32 bytes\) but holds 31"),
+        ((-2, -2), 32, r"declares shape \(-2, -2\)"),
     ],
 )
 def test_ngram_load_refuses_a_header_that_lies_about_the_size(tmp_path, shape, data_size, match):

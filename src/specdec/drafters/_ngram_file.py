@@ -228,6 +228,8 @@ def _read_npy(archive: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> np.
             ) from None
         if dtype.hasobject or dtype.fields is not None or dtype.kind not in _KINDS:
             raise FileError(f"member {name!r} holds dtype {dtype}, not plain numbers")
+        if any(dim < 0 for dim in shape):
+            raise FileError(f"member {name!r} declares shape {shape}")
         data_bytes = info.file_size - member.tell()
         declared = math.prod(shape) * dtype.itemsize
         if declared != data_bytes:

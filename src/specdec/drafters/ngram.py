@@ -137,11 +137,12 @@ class NGram(Drafter):
     -----
     The counts live in two dictionaries keyed by tuples of ids: one gram
     (context plus successor) -> count, and one context -> its total count, most
-    frequent successor and that successor's count.  Counts only grow, so the most
-    frequent successor is maintained exactly on every increment.  A proposed token costs
-    at most ``order - 1`` dictionary lookups and an online update at most
-    ``order - 1`` increments per token: no step does work proportional to the
-    corpus or to the sequence.  Memory grows with the number of distinct n-grams
+    frequent successor and that successor's count.  A kept context's counts only
+    grow (contexts are forgotten whole, see below), so its most frequent successor
+    is maintained exactly on every increment.  A proposed token costs at most
+    ``order - 1`` dictionary lookups and an online update at most ``order - 1``
+    increments per token: no step does work proportional to the corpus or to the
+    sequence.  Memory grows with the number of distinct n-grams
     seen (roughly ``order - 1`` dictionary entries per training token in the worst
     case); no unigram counts are kept, since a context-free guess is rarely kept.
 
