@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import os
 
 import numpy as np
 import pytest
@@ -188,7 +189,7 @@ def test_the_thread_pool_is_reused_and_grown_on_demand(backend):
     verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=2, backend=backend)
     assert engine._pool is pool  # not one pool per call
     many = verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=6, backend=backend)
-    assert engine._pool_size >= 5
+    assert engine._pool_size >= min(5, (os.cpu_count() or 1) - 1)  # capped at the cores
     one = verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=1, backend=backend)
     assert np.array_equal(many.tokens, one.tokens)
 

@@ -15,7 +15,7 @@ import numpy as np
 from specdec._backend import kernels_for
 from specdec._calling import ModelCaller
 from specdec._common import LAW_DTYPE, InvalidLogitsError
-from specdec._drafting import DraftRows, DraftSources
+from specdec._drafting import DraftRows, DraftSources, check_draft_row, draft_length
 from specdec._stats import SpeculativeDecodingStats
 from specdec._validation import (
     SamplingControls,
@@ -333,7 +333,7 @@ class SpeculativeDecoder:
                     draft,
                     run,
                     start,
-                    policy.length(key, budget),
+                    draft_length(policy, key, budget),
                     policy.p_min,
                     rows_q,
                     controls,
@@ -345,7 +345,7 @@ class SpeculativeDecoder:
                 if n_draft:
                     weights, laws = rows_q.weights, rows_q.laws
             else:
-                n_draft = policy.length(key, len(proposal)) if len(proposal) else 0
+                n_draft = draft_length(policy, key, len(proposal)) if len(proposal) else 0
                 if eos is not None and n_draft:
                     hits = np.flatnonzero(proposal[:n_draft] == eos)
                     n_draft = int(hits[0]) + 1 if len(hits) else n_draft
@@ -424,6 +424,7 @@ class SpeculativeDecoder:
             if work is None:  # first call: the vocabulary and the dtype are known
                 check_token_range(prompt, eos, draft.vocab_size)
                 work = kernels.Workspace(draft.vocab_size)
+            check_draft_row(row, work)
             rows_q.reserve(n_max, draft.vocab_size, row.dtype)
             try:
                 token = kernels.sample_token(

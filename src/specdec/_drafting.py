@@ -13,8 +13,10 @@ import numpy as np
 
 from specdec._calling import ModelCaller
 from specdec._common import LAW_DTYPE
+from specdec.drafters._checks import check_proposal
 from specdec.drafters.base import Drafter
 from specdec.drafters.chain import Chain
+from specdec.drafters.length import DraftLengthPolicy
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -69,13 +71,10 @@ class DraftSources:
         """
         if max_tokens > 0:
             for source, drafter in enumerate(self.drafters):
-                proposal = drafter.propose(tokens, max_tokens)
+                name = self.names[source]
+                proposal = check_proposal(drafter.propose(tokens, max_tokens), max_tokens, name)
                 if len(proposal):
-                    return (
-                        source,
-                        getattr(drafter, "last_match_size", None),
-                        _checked_proposal(proposal, max_tokens, self.names[source]),
-                    )
+                    return source, getattr(drafter, "last_match_size", None), proposal
         if self.model is not None:
             return self.model_source, None, None
         return -1, None, _EMPTY
@@ -86,21 +85,31 @@ class DraftSources:
             drafter.extend(tokens, n_new)
 
 
-def _checked_proposal(proposal, max_tokens: int, name: str) -> np.ndarray:
-    """A drafter's proposal as int64 ids, refused clearly if it is not one."""
-    array = np.asarray(proposal)
-    if array.ndim != 1 or array.dtype.kind not in "iu":
-        raise TypeError(
-            f"drafter {name} proposed {array.dtype} ids of shape {array.shape}; "
-            "expected a 1-D array of int token ids"
-        )
-    if len(array) > max_tokens:
+def draft_length(policy: DraftLengthPolicy, source, offered: int) -> int:
+    """``policy.length(source, offered)``, refused clearly unless an int in [0, offered]."""
+    answer = policy.length(source, offered)
+    if type(answer) is int and 0 <= answer <= offered:  # the common case, on every step
+        return answer
+    expected = f"expected an int in [0, {offered}] (the tokens offered)"
+    where = f"draft-length policy {type(policy).__name__}.length() returned {answer!r}"
+    if isinstance(answer, bool) or not isinstance(answer, (int, np.integer)):
+        raise TypeError(f"{where} ({type(answer).__name__}); {expected}")
+    if not 0 <= answer <= offered:
+        raise ValueError(f"{where}; {expected}")
+    return int(answer)
+
+
+def check_draft_row(row: np.ndarray, work) -> None:
+    """A draft model's row must have the vocabulary of the workspace (the target's).
+
+    The workspace is made for the first model evaluated; when a chained drafter's
+    proposal made the target go first, the draft model's first row is checked here.
+    """
+    if row.shape[0] != work.vocab_size:
         raise ValueError(
-            f"drafter {name} proposed {len(array)} tokens, more than max_tokens={max_tokens}"
+            f"draft_model and target_model disagree on the vocabulary: the draft has "
+            f"{row.shape[0]} tokens, the target {work.vocab_size}"
         )
-    if array.min() < 0:
-        raise ValueError(f"drafter {name} proposed a negative token id ({array.min()})")
-    return array.astype(np.int64, copy=False)
 
 
 class DraftRows:

@@ -30,11 +30,11 @@ Threads
 -------
 The compiled kernels release the GIL while they read the rows, so the sequences of a
 batch run in parallel on a thread pool kept by this module (created on first use,
-grown if a call asks for more threads, never per call).  The calling thread works
-too; each thread keeps its own kernel ``Workspace`` and draft buffers, sized for
-the vocabulary and reused across calls.  The pure-Python backend runs on the same
-threads (without speed-up: NumPy's passes are short and the GIL is held between
-them).
+grown if a call asks for more threads, up to the number of cores; never per call).
+The calling thread works too; each thread keeps its own kernel ``Workspace`` and
+draft buffers, sized for the vocabulary and reused across calls.  The pure-Python
+backend runs on the same threads (without speed-up: NumPy's passes are short and the
+GIL is held between them).
 
 Inputs
 ------
@@ -137,15 +137,18 @@ def _float_rows(value, name: str, ndim: int, what: str) -> np.ndarray:
     return array
 
 
-def _token_ids(value, name: str, ndim: int, what: str) -> np.ndarray:
+def _token_ids(
+    value, name: str, ndim: int, what: str, kind: str = "token ids", bound: str = "any vocabulary"
+) -> np.ndarray:
+    """An int64 array of ``ndim`` dimensions; ``kind`` and ``bound`` word the errors."""
     array = _as_array(value, name)
     if array.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, {what}, got shape {array.shape}")
     if array.dtype.kind not in "iu" and array.size:  # [] is float64 to NumPy
-        raise TypeError(f"{name} must hold integer token ids, got dtype {array.dtype}")
+        raise TypeError(f"{name} must hold integers ({kind}), got dtype {array.dtype}")
     if array.dtype != np.int64:
         if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
-            raise ValueError(f"{name} holds token id {int(array.max())}, beyond any vocabulary")
+            raise ValueError(f"{name} holds {int(array.max())}, beyond {bound}")
         array = array.astype(np.int64)
     return array
 
@@ -157,15 +160,20 @@ def _check_kind(draft_kind) -> str:
 
 
 def _check_n_threads(n_threads) -> int:
+    """Threads for one call: at most the cores (more only wait on one another).
+
+    The cap also bounds the module's pool, whose threads outlive the call.
+    """
+    cores = os.cpu_count() or 1
     if n_threads is None:
-        return os.cpu_count() or 1
+        return cores
     if not _is_int(n_threads):
         raise TypeError(
             f"n_threads must be a positive int or None (all cores), got {type(n_threads).__name__}"
         )
     if n_threads < 1:
         raise ValueError(f"n_threads must be a positive int or None (all cores), got {n_threads}")
-    return int(n_threads)
+    return min(int(n_threads), cores)
 
 
 def _generators(rngs, batch: int, greedy: bool) -> list:
@@ -289,7 +297,9 @@ def _validate(
     if single:
         sizes = np.array([width], dtype=np.int64)
     else:
-        sizes = _token_ids(lengths, "lengths", 1, "(B,) draft lengths")
+        sizes = _token_ids(
+            lengths, "lengths", 1, "(B,) draft lengths", "draft lengths", "any draft length"
+        )
         if len(sizes) != batch:
             raise ValueError(
                 f"lengths must hold one length per sequence ({batch}), got {len(sizes)}"
@@ -628,7 +638,9 @@ def verify_batch(
         None only for greedy decoding (temperature 0), which draws nothing.
     n_threads : int, optional
         Threads to run on, the calling one included; default ``os.cpu_count()``;
-        1 runs inline.
+        1 runs inline.  A larger number is capped at ``os.cpu_count()``: the kernels
+        are CPU-bound, so more threads than cores only wait on one another (and the
+        module's pool, whose threads outlive the call, stays at most that large).
 
     Returns
     -------

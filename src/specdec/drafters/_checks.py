@@ -14,14 +14,52 @@ def empty_proposal() -> np.ndarray:
     return _EMPTY.copy()
 
 
-def check_int_option(name: str, value, minimum: int) -> int:
-    """An option that must be an int >= *minimum* (a bool is not an int)."""
-    if type(value) is int and value >= minimum:  # the common case, on every step
-        return value
+def check_proposal(proposal, max_tokens: int, name: str) -> np.ndarray:
+    """A drafter's proposal as int64 ids, refused clearly (naming *name*) if it is not one.
+
+    A proposal is a 1-D array (or list or tuple) of int ids in ``[0, 2**63)``, at most
+    *max_tokens* of them; an empty one of any dtype means "no proposal".
+    """
+    if type(proposal) is np.ndarray and proposal.dtype == np.int64 and proposal.ndim == 1:
+        array = proposal  # the common case, on every step
+    elif isinstance(proposal, (np.ndarray, list, tuple)):
+        array = np.asarray(proposal)
+        if array.ndim == 1 and array.size == 0:
+            return empty_proposal()
+        if array.ndim != 1 or array.dtype.kind not in "iu":
+            raise TypeError(
+                f"drafter {name} proposed {array.dtype} ids of shape {array.shape}; "
+                "expected a 1-D array of int token ids"
+            )
+        if array.dtype == np.uint64 and array.max() > np.iinfo(np.int64).max:
+            raise ValueError(
+                f"drafter {name} proposed token id {int(array.max())}, beyond any vocabulary"
+            )
+        array = array.astype(np.int64, copy=False)
+    else:
+        raise TypeError(
+            f"drafter {name}: propose() returned a {type(proposal).__name__}; expected a "
+            "1-D array of int token ids (empty for no proposal)"
+        )
+    if len(array) > max_tokens:
+        raise ValueError(
+            f"drafter {name} proposed {len(array)} tokens, more than max_tokens={max_tokens}"
+        )
+    if len(array) and array.min() < 0:
+        raise ValueError(f"drafter {name} proposed a negative token id ({array.min()})")
+    return array
+
+
+def check_int_option(name: str, value, minimum: int, maximum: int | None = None) -> int:
+    """An option that must be an int >= *minimum* (and <= *maximum*); a bool is not an int."""
+    if type(value) is int and value >= minimum and (maximum is None or value <= maximum):
+        return value  # the common case, on every step
     if not _is_int(value):
         raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be an int <= {maximum} (the supported maximum), got {value}")
     return int(value)
 
 
@@ -63,8 +101,15 @@ def as_sequence(tokens, name: str = "tokens") -> np.ndarray:
             return _EMPTY
         if array.dtype.kind not in "iu":
             raise TypeError(f"{name} must hold int token ids, got dtype {array.dtype}")
+        check_fits_int64(array, name)
         array = array.astype(np.int64)
     return array
+
+
+def check_fits_int64(ids: np.ndarray, name: str) -> None:
+    """Unsigned ids must fit in int64 (a cast would wrap them to negative ids)."""
+    if ids.dtype.kind == "u" and ids.size and ids.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds token id {int(ids.max())}, beyond any vocabulary")
 
 
 def check_n_new(n_new, length: int) -> int:

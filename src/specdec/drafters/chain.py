@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdec.drafters._checks import check_proposal
 from specdec.drafters.base import Drafter
 
 __all__ = ["Chain"]
@@ -94,7 +95,8 @@ class Chain(Drafter):
             The proposal (empty when no drafter has one).
         """
         for i, drafter in enumerate(self.drafters):
-            proposal = drafter.propose(tokens, max_tokens)
+            name = f"{type(drafter).__name__} (Chain source {i})"
+            proposal = check_proposal(drafter.propose(tokens, max_tokens), max_tokens, name)
             if len(proposal):
                 self.last_source = i
                 return proposal

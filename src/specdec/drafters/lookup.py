@@ -43,7 +43,7 @@ class PromptLookup(Drafter):
         ``prompt_lookup_num_tokens``; llama-cpp-python: ``num_pred_tokens``).
     max_ngram_size : int, default 3
         Longest n-gram matched, tried first (Hugging Face:
-        ``max_matching_ngram_size``).
+        ``max_matching_ngram_size``); at most ``PromptLookup.MAX_NGRAM_SIZE`` (64).
     min_ngram_size : int, default 1
         Shortest n-gram matched before giving up (an empty proposal).  Raise it to
         propose only on stronger evidence.
@@ -65,7 +65,9 @@ class PromptLookup(Drafter):
     :meth:`extend` adds the n-grams ending at the appended tokens, and each
     :meth:`propose` costs a few dictionary lookups plus the copy of the proposal:
     ``O(max_ngram_size ** 2 + num_tokens)`` per step, independent of the length of
-    the sequence.
+    the sequence.  Indexing stores ``max_ngram_size - min_ngram_size + 1`` tuples per
+    token, of up to ``max_ngram_size`` ids each: time and memory grow linearly with
+    the sequence and quadratically with ``max_ngram_size``, hence its bound.
 
     In repetitive text the latest occurrence may overlap the trailing n-gram, and
     then only the few tokens between them back a proposal (``5 5 5 5`` proposes a
@@ -90,9 +92,16 @@ class PromptLookup(Drafter):
     2
     """
 
+    #: The largest ``max_ngram_size``: indexing costs time and memory in proportion to
+    #: ``max_ngram_size ** 2`` per token (about 20 kB per token at 64), and a match
+    #: that long is already a certain copy.
+    MAX_NGRAM_SIZE = 64
+
     def __init__(self, num_tokens: int = 10, max_ngram_size: int = 3, min_ngram_size: int = 1):
         self.num_tokens = check_int_option("num_tokens", num_tokens, 1)
-        self.max_ngram_size = check_int_option("max_ngram_size", max_ngram_size, 1)
+        self.max_ngram_size = check_int_option(
+            "max_ngram_size", max_ngram_size, 1, self.MAX_NGRAM_SIZE
+        )
         self.min_ngram_size = check_int_option("min_ngram_size", min_ngram_size, 1)
         if self.min_ngram_size > self.max_ngram_size:
             raise ValueError(

@@ -11,17 +11,18 @@ prefers what usually follows to what followed last time.
 
 from __future__ import annotations
 
-import os
-import tempfile
-import zipfile
+import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
+from specdec.drafters import _ngram_file
 from specdec.drafters._checks import (
     as_sequence,
     check_bool_option,
+    check_fits_int64,
     check_ids,
     check_int_option,
     check_max_tokens,
@@ -33,12 +34,46 @@ from specdec.drafters.base import Drafter
 
 __all__ = ["NGram"]
 
-# The file layout written by NGram.save (an uncompressed .npz, read without pickle).
-_FORMAT = "specdec.drafters.NGram"
-_VERSION = 1
-
 # The saved options NGram.load lets a caller override.
-_OVERRIDABLE = ("num_tokens", "min_count", "min_probability", "online")
+_OVERRIDABLE = ("num_tokens", "min_count", "min_probability", "online", "max_grams")
+
+# About 250 MB of counts on random text (about 240 bytes per distinct n-gram).
+_DEFAULT_MAX_GRAMS = 2**20
+
+
+class _Context:
+    """What the drafter knows of one context.
+
+    Attributes
+    ----------
+    total : int
+        How often the context was seen (the sum of its n-grams' counts).
+    best : int
+        Its most frequent successor (ties: the smallest id).
+    best_count : int
+        That successor's count.
+    """
+
+    __slots__ = ("total", "best", "best_count")
+
+    def __init__(self, total: int, best: int, best_count: int):
+        self.total = total
+        self.best = best
+        self.best_count = best_count
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, _Context):
+            return NotImplemented
+        return (self.total, self.best, self.best_count) == (
+            other.total,
+            other.best,
+            other.best_count,
+        )
+
+    __hash__ = None  # mutable
+
+    def __repr__(self) -> str:
+        return f"_Context(total={self.total}, best={self.best}, best_count={self.best_count})"
 
 
 class NGram(Drafter):
@@ -60,7 +95,8 @@ class NGram(Drafter):
     Parameters
     ----------
     order : int, default 4
-        The n of the n-grams: contexts of up to ``order - 1`` tokens (>= 2).
+        The n of the n-grams: contexts of up to ``order - 1`` tokens, in
+        ``[2, NGram.MAX_ORDER]`` (32).
     num_tokens : int, default 10
         The most tokens proposed per step.
     min_count : int, default 1
@@ -82,6 +118,11 @@ class NGram(Drafter):
         Learn from every prompt (:meth:`start`) and every kept token
         (:meth:`extend`) too.  The counts accumulate across sequences, so a
         drafter serving many requests learns their common phrasing.
+    max_grams : int or None, default 2**20
+        The most distinct n-grams kept (memory: about 240 bytes each on random
+        text, so about 250 MB at the default).  When a new n-gram takes the count
+        above it, the least seen contexts are forgotten with their n-grams (see
+        Notes); None keeps every n-gram (memory then grows with the text).
 
     Attributes
     ----------
@@ -95,14 +136,27 @@ class NGram(Drafter):
     Notes
     -----
     The counts live in two dictionaries keyed by tuples of ids: one gram
-    (context plus successor) -> count, and one context -> (total count, most
-    frequent successor, its count).  Counts only grow, so the most frequent
-    successor is maintained exactly on every increment.  A proposed token costs
-    at most ``order - 1`` dictionary lookups and an online update at most
-    ``order - 1`` increments per token: no step does work proportional to the
-    corpus or to the sequence.  Memory grows with the number of distinct n-grams
+    (context plus successor) -> count, and one context -> its total count, most
+    frequent successor and that successor's count.  A kept context's counts only
+    grow (contexts are forgotten whole, see below), so its most frequent successor
+    is maintained exactly on every increment.  A proposed token costs at most
+    ``order - 1`` dictionary lookups and an online update at most ``order - 1``
+    increments per token: no step does work proportional to the corpus or to the
+    sequence.  Memory grows with the number of distinct n-grams
     seen (roughly ``order - 1`` dictionary entries per training token in the worst
     case); no unigram counts are kept, since a context-free guess is rarely kept.
+
+    *max_grams* bounds that memory.  When a new n-gram makes the number of
+    distinct n-grams exceed it, whole contexts are forgotten, with all their
+    n-grams, until at most ``3/4 * max_grams`` remain: the contexts seen least
+    often first and, among those seen equally often, the ones first seen
+    earliest.  A forgotten context is learnt afresh if it occurs again.  Whole
+    contexts go so that every kept context's counts and most frequent successor
+    stay exact; pruning to 3/4 of the cap keeps its cost (a sort of the contexts)
+    to once per ``max_grams / 4`` new n-grams.
+
+    Updates hold a lock, and so does :meth:`save` while it copies the counts:
+    saving while another thread generates with the drafter is safe.
 
     With *online*, every :meth:`start` counts its prompt again: generating several
     completions of one prompt weighs that prompt's n-grams accordingly (as it
@@ -120,6 +174,11 @@ class NGram(Drafter):
     (0.75, 0.5625)
     """
 
+    #: The largest ``order``: counting costs time and memory in proportion to
+    #: ``order ** 2`` per token, and contexts longer than a few tokens are rarely
+    #: seen twice anyway.
+    MAX_ORDER = 32
+
     def __init__(
         self,
         order: int = 4,
@@ -129,8 +188,9 @@ class NGram(Drafter):
         min_probability: float = 0.5,
         vocab_size: int | None = None,
         online: bool = True,
+        max_grams: int | None = _DEFAULT_MAX_GRAMS,
     ):
-        self._order = check_int_option("order", order, 2)
+        self._order = check_int_option("order", order, 2, self.MAX_ORDER)
         self.num_tokens = check_int_option("num_tokens", num_tokens, 1)
         self.min_count = check_int_option("min_count", min_count, 1)
         self.min_probability = check_probability_option(
@@ -140,10 +200,16 @@ class NGram(Drafter):
             None if vocab_size is None else check_int_option("vocab_size", vocab_size, 1)
         )
         self.online = check_bool_option("online", online)
+        self._max_grams = None if max_grams is None else check_int_option("max_grams", max_grams, 1)
+        # Compared with len(self._counts) on every new gram: no None test on that path.
+        self._gram_limit = sys.maxsize if max_grams is None else self._max_grams
+        # Held by every update and by save's copy (see save): a drafter serves one
+        # sequence at a time, but may be saved from another thread meanwhile.
+        self._lock = threading.Lock()
         self.last_match_size = 0
         self.last_probabilities: tuple = ()
         self._counts: dict[tuple, int] = {}
-        self._contexts: dict[tuple, list] = {}
+        self._contexts: dict[tuple, _Context] = {}
 
     @property
     def order(self) -> int:
@@ -156,6 +222,11 @@ class NGram(Drafter):
         return self._vocab_size
 
     @property
+    def max_grams(self) -> int | None:
+        """The most distinct n-grams kept (see the class's Notes), or None."""
+        return self._max_grams
+
+    @property
     def num_grams(self) -> int:
         """Number of distinct n-grams (of every length 2 .. order) counted."""
         return len(self._counts)
@@ -164,8 +235,18 @@ class NGram(Drafter):
         return (
             f"NGram(order={self._order}, num_tokens={self.num_tokens}, "
             f"min_count={self.min_count}, min_probability={self.min_probability}, "
-            f"vocab_size={self._vocab_size}, online={self.online})"
+            f"vocab_size={self._vocab_size}, online={self.online}, "
+            f"max_grams={self._max_grams})"
         )
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_lock"]  # a lock cannot be copied or pickled; a copy gets its own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     # -- learning -------------------------------------------------------------------
 
@@ -235,8 +316,9 @@ class NGram(Drafter):
                     "sequences: wrap a single sequence in a list"
                 )
             checked.append(self._checked(sequence, f"token_sequences[{i}]"))
-        for ids in checked:
-            self._count_sequence(ids)
+        with self._lock:
+            for ids in checked:
+                self._count_sequence(ids)
         return self
 
     def _checked(self, sequence, name: str) -> list:
@@ -251,6 +333,7 @@ class NGram(Drafter):
             raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}")
         if array.size and array.dtype.kind not in "iu":
             raise TypeError(f"{name} must hold int token ids, got dtype {array.dtype}")
+        check_fits_int64(array, name)
         check_ids(array, name, self._vocab_size)
         return array.tolist()
 
@@ -267,18 +350,44 @@ class NGram(Drafter):
 
     def _add(self, gram: tuple, count: int) -> None:
         """Add *count* observations of *gram* and keep its context's argmax exact."""
-        total = self._counts.get(gram, 0) + count
-        self._counts[gram] = total
+        counts = self._counts
+        total = counts.get(gram, 0) + count
+        counts[gram] = total
         token = gram[-1]
         stats = self._contexts.get(gram[:-1])
         if stats is None:
-            self._contexts[gram[:-1]] = [count, token, total]
-            return
-        stats[0] += count
-        # Counts only grow: the new argmax is the old one or the incremented token.
-        if total > stats[2] or (total == stats[2] and token < stats[1]):
-            stats[1] = token
-            stats[2] = total
+            self._contexts[gram[:-1]] = _Context(count, token, total)
+        else:
+            stats.total += count
+            # Counts only grow: the new argmax is the old one or the incremented token.
+            if total > stats.best_count or (total == stats.best_count and token < stats.best):
+                stats.best = token
+                stats.best_count = total
+        if total == count and len(counts) > self._gram_limit:  # a new gram, over the cap
+            self._forget()
+
+    def _forget(self) -> None:
+        """Drop the least seen contexts, with their n-grams, to 3/4 of max_grams n-grams.
+
+        Whole contexts go, so that every kept context's counts and most frequent
+        successor stay exact.  Order: smallest total count first; among equals, the
+        context first seen earliest (the dictionaries keep insertion order, and the
+        sort is stable).  Pruning to 3/4 of the cap makes this O(num_grams log) pass
+        run once per ``max_grams / 4`` new n-grams at most.
+        """
+        counts, contexts = self._counts, self._contexts
+        target = self._gram_limit * 3 // 4
+        successors = Counter(gram[:-1] for gram in counts)
+        remaining = len(counts)
+        dropped = set()
+        for context in sorted(contexts, key=lambda context: contexts[context].total):
+            if remaining <= target:
+                break
+            dropped.add(context)
+            remaining -= successors[context]
+        self._counts = {gram: count for gram, count in counts.items() if gram[:-1] not in dropped}
+        for context in dropped:
+            del contexts[context]
 
     # -- the Drafter interface ------------------------------------------------------
 
@@ -293,7 +402,8 @@ class NGram(Drafter):
         prompt = as_sequence(prompt, "prompt")
         check_ids(prompt, "prompt", self._vocab_size)
         if self.online:
-            self._count_sequence(prompt.tolist())
+            with self._lock:
+                self._count_sequence(prompt.tolist())
 
     def propose(self, tokens, max_tokens: int) -> np.ndarray:
         """Propose the most frequent continuation while it stays likely enough.
@@ -327,18 +437,18 @@ class NGram(Drafter):
             # Back off from the longest context to the shortest usable one.
             for size in range(min(width, len(context)), 0, -1):
                 stats = contexts.get(tuple(context[-size:]))
-                if stats is not None and stats[0] >= min_count:
+                if stats is not None and stats.total >= min_count:
                     break
             else:
                 break
-            probability *= stats[2] / (stats[0] + 1)
+            probability *= stats.best_count / (stats.total + 1)
             if probability < min_probability:
                 break
             if not proposal:
                 self.last_match_size = size
-            proposal.append(stats[1])
+            proposal.append(stats.best)
             probabilities.append(probability)
-            context.append(stats[1])
+            context.append(stats.best)
             if len(context) > width:
                 del context[0]
         self.last_probabilities = tuple(probabilities)
@@ -371,9 +481,10 @@ class NGram(Drafter):
         if not self.online:
             return
         add = self._add
-        for position in range(first - offset, len(window)):
-            for size in range(1, min(self._order - 1, position) + 1):
-                add(tuple(window[position - size : position + 1]), 1)
+        with self._lock:
+            for position in range(first - offset, len(window)):
+                for size in range(1, min(self._order - 1, position) + 1):
+                    add(tuple(window[position - size : position + 1]), 1)
 
     # -- persistence ----------------------------------------------------------------
 
@@ -382,50 +493,40 @@ class NGram(Drafter):
 
         The file holds plain arrays only, no pickled objects: ``format`` (the string
         ``"specdec.drafters.NGram"``), ``version``, ``order``, the constructor's
-        options (``vocab_size`` -1 for None) and, for every n in 2 .. order,
-        ``grams_<n>`` (an (m, n) int64 array of n-grams, sorted) and ``counts_<n>``
-        (their counts).  The name is used as given (no ``.npz`` is appended), and
-        the file is written beside it and renamed into place, so a reader never
-        sees a partial file.
+        options (``vocab_size`` and ``max_grams`` -1 for None) and, for every n in
+        2 .. order, ``grams_<n>`` (an (m, n) int64 array of n-grams, sorted) and
+        ``counts_<n>`` (their counts).  The name is used as given (no ``.npz`` is
+        appended), and the file is written beside it and renamed into place, so a
+        reader never sees a partial file.
+
+        Saving while another thread generates with the drafter is safe: the counts
+        are copied under the lock that every update holds, so the file holds the
+        counts as they were between two updates.
 
         Parameters
         ----------
         path : path-like
             Destination file.
         """
-        arrays = {
-            "format": np.array(_FORMAT),
-            "version": np.int64(_VERSION),
-            "order": np.int64(self._order),
-            "num_tokens": np.int64(self.num_tokens),
-            "min_count": np.int64(self.min_count),
-            "min_probability": np.float64(self.min_probability),
-            "vocab_size": np.int64(-1 if self._vocab_size is None else self._vocab_size),
-            "online": np.bool_(self.online),
+        with self._lock:
+            items = list(self._counts.items())
+        options = {
+            "num_tokens": self.num_tokens,
+            "min_count": self.min_count,
+            "min_probability": self.min_probability,
+            "vocab_size": self._vocab_size,
+            "online": self.online,
+            "max_grams": self._max_grams,
         }
-        by_size: dict[int, list] = {n: [] for n in range(2, self._order + 1)}
-        for gram, count in self._counts.items():
-            by_size[len(gram)].append((gram, count))
-        for n, items in by_size.items():
-            grams = np.array([g for g, _ in items], dtype=np.int64).reshape(len(items), n)
-            counts = np.array([c for _, c in items], dtype=np.int64)
-            # Sorted rows: the same counts always give the same file.
-            order = np.lexsort(grams.T[::-1]) if len(items) else np.zeros(0, np.intp)
-            arrays[f"grams_{n}"] = grams[order]
-            arrays[f"counts_{n}"] = counts[order]
-        path = Path(path)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(handle, "wb") as file:
-                np.savez(file, **arrays)
-            os.replace(temporary, path)
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        _ngram_file.write(path, self._order, options, items)
 
     @classmethod
     def load(cls, path, **options) -> NGram:
         """Read a drafter written by :meth:`save`.
+
+        Nothing the file declares is trusted: its members, their storage and their
+        headers are checked before any data is read, so the memory a file takes is
+        bounded by its size on disk, and no pickle is ever read.
 
         Parameters
         ----------
@@ -433,8 +534,8 @@ class NGram(Drafter):
             The file.
         **options
             Override saved options (``num_tokens``, ``min_count``,
-            ``min_probability``, ``online``; not ``order`` or ``vocab_size``,
-            which the counts depend on).
+            ``min_probability``, ``online``, ``max_grams``; not ``order`` or
+            ``vocab_size``, which the counts depend on).
 
         Returns
         -------
@@ -443,8 +544,8 @@ class NGram(Drafter):
         Raises
         ------
         ValueError
-            If the file is not an NGram file of a supported version, or its
-            contents are inconsistent.
+            If the file is not an NGram file of a supported version, or is
+            malformed in any way (the message names the file).
         FileNotFoundError
             If there is no such file.
         """
@@ -463,37 +564,12 @@ class NGram(Drafter):
         if not path.is_file():
             raise FileNotFoundError(f"no NGram drafter file at {path}")
         try:
-            data = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-            raise bad(f"{type(exc).__name__}: {exc}") from None
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise bad("it holds a single array, not an .npz archive")
-        try:
-            with data:
-                arrays = {key: data[key] for key in data.files}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-            raise bad(f"{type(exc).__name__}: {exc}") from None
-        if (
-            "format" not in arrays
-            or arrays["format"].shape != ()
-            or str(arrays["format"]) != _FORMAT
-        ):
-            raise bad("missing or wrong 'format' marker")
-        try:
-            version = int(arrays["version"])
-            order = int(arrays["order"])
-            saved = {
-                "num_tokens": int(arrays["num_tokens"]),
-                "min_count": int(arrays["min_count"]),
-                "min_probability": float(arrays["min_probability"]),
-                "online": bool(arrays["online"]),
-            }
-            vocab_size = int(arrays["vocab_size"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise bad(f"missing or malformed option ({exc})") from None
-        if version != _VERSION:
-            raise bad(f"version {version}, this specdec reads version {_VERSION}")
-        vocab = None if vocab_size == -1 else vocab_size
+            order, saved, arrays = _ngram_file.read(path)
+        except _ngram_file.FileError as exc:
+            raise bad(str(exc)) from None
+        vocab = saved.pop("vocab_size")
+        if saved["max_grams"] is _ngram_file.ABSENT:
+            saved["max_grams"] = _DEFAULT_MAX_GRAMS
         try:
             cls(order, vocab_size=vocab, **saved)
         except (TypeError, ValueError) as exc:
@@ -501,24 +577,14 @@ class NGram(Drafter):
         # The caller's overrides are checked as constructor arguments: their errors are
         # the caller's, not the file's.
         drafter = cls(order, vocab_size=vocab, **{**saved, **options})
-        for n in range(2, order + 1):
-            grams, counts = arrays.get(f"grams_{n}"), arrays.get(f"counts_{n}")
-            if grams is None or counts is None:
-                raise bad(f"missing grams_{n} / counts_{n}")
-            if (
-                grams.dtype.kind not in "iu"
-                or counts.dtype.kind not in "iu"
-                or grams.ndim != 2
-                or grams.shape[1] != n
-                or counts.shape != grams.shape[:1]
-            ):
-                raise bad(
-                    f"grams_{n} / counts_{n} have shapes {grams.shape} / {counts.shape} "
-                    f"and dtypes {grams.dtype} / {counts.dtype}"
-                )
-            if counts.size and counts.min() < 1:
-                raise bad(f"counts_{n} holds a count below 1")
+        try:
+            tables = _ngram_file.tables(arrays, order)
+        except _ngram_file.FileError as exc:
+            raise bad(str(exc)) from None
+        for n, (grams, counts) in tables.items():
             try:
+                check_fits_int64(grams, f"grams_{n}")
+                check_fits_int64(counts, f"counts_{n}")
                 check_ids(grams, f"grams_{n}", drafter._vocab_size)
             except ValueError as exc:
                 raise bad(str(exc)) from None
