@@ -230,8 +230,10 @@ def test_adaptive_length_drafts_nothing_when_drafts_are_never_kept(backend):
 
 
 def test_adaptive_length_drafts_long_when_drafts_are_always_kept(backend):
-    """A drafter that knows the greedy continuation: the policy drafts the maximum."""
+    """A drafter that knows the greedy continuation, and a target whose passes cost
+    little per extra token (its ``cost_curve``): the policy drafts the maximum."""
     target = target_model()
+    target.cost_curve = [1.0 + 0.1 * i for i in range(16)]
     expected, _ = specdec.sample(target, PROMPT, 120, temperature=0.0, backend=backend)
 
     class Oracle(Drafter):
@@ -243,7 +245,7 @@ def test_adaptive_length_drafts_long_when_drafts_are_always_kept(backend):
     ids, stats = decoder.generate(Oracle(), target, PROMPT, 120)
     assert ids == expected
     assert stats.acceptance_rate == 1.0
-    # after a short ramp-up from the prior (acceptance 0.5: one token), always the maximum
+    # after a short ramp-up from the prior (acceptance 0.5), always the maximum
     assert stats.draft_length_histogram[8] >= 0.6 * stats.num_target_forward_passes
 
 

@@ -1,24 +1,37 @@
-"""How many tokens to draft per step: fixed, adaptive, or Hugging Face's heuristic.
+"""How many tokens to draft per step: per-position, adaptive, fixed or Hugging Face's.
 
 A draft pays only when its expected kept tokens outweigh what it adds to the target
 pass.  On a CPU the target's cost grows with the tokens it evaluates (SmolLM2 in
-llama.cpp: 2 tokens cost 1.9x one token, 9 tokens about 4x), so a mostly rejected draft
-makes every step cost several tokens for one.  :class:`AdaptiveDraftLength` weighs the
-two with what it has measured: the acceptance of each draft source and the target's
-cost per evaluated token, and drafts nothing when nothing pays.
+llama.cpp with one batch thread: 2 tokens cost 1.9x one token, 9 tokens about 4x), so a
+mostly rejected draft makes every step cost several tokens for one, while a copied
+passage pays for drafts of ten tokens and more.  :class:`PositionalDraftLength` (the
+default for drafters) weighs the two with the target's cost curve
+(:mod:`specdec.drafters.cost`) and an acceptance model per draft source, strength of
+evidence and position within the draft; it drafts nothing when nothing pays.
 
-A policy sees only what is known before the target pass (the proposal's length, the
-outcomes and timings of earlier steps), so it never changes the output law: any draft
-length is verified exactly.
+A policy sees only what is known before the target pass (the proposal's length and
+evidence, the outcomes and timings of earlier steps), so it never changes the output
+law: any draft length is verified exactly.
 
-The decoder calls a policy in this order::
+The contract: the decoder calls a policy in this order::
 
-    policy.start(max_tokens, target_cost)          # once per generate call
-    n = policy.length(key, offered)                # per step, before the target pass
+    policy.start(max_tokens, target_cost)                  # once per generate call
+    n = policy.length(key, offered)                        # per step, before the pass
     policy.observe(key, n, kept, target_seconds, shadow)   # after it
 
-``key`` names the draft source: ``(index in the Chain, strength of evidence)``, the
-latter being a drafter's ``last_match_size`` when it has one (else None).
+``key`` is a pair ``(source, evidence)``: ``source`` the index of the proposing
+source in the :class:`~specdec.drafters.Chain` (0 for a lone drafter or model) and
+``evidence`` that drafter's ``last_match_size`` after its proposal (the length of
+the context match it rests on), or None when it has none (a draft model, a drafter
+without the attribute).  ``target_cost`` is the target's :class:`CostCurve` (read
+lazily: a policy that never asks never triggers an adapter's calibration).
+
+What a policy learns lives on the policy object.  With ``draft_length="auto"`` or
+``"adaptive"`` a :class:`~specdec.SpeculativeDecoder` keeps one policy per decoder,
+so what it learnt carries over from one ``generate`` call to the next (the calls of
+one decoder are usually requests of one workload); ``decoder.reset()`` or
+``policy.reset()`` forgets it.  Given the same seed, cost curve and history of calls,
+a run is reproducible (not with ``target_cost="measured"``, which times the passes).
 """
 
 from __future__ import annotations
@@ -26,22 +39,30 @@ from __future__ import annotations
 import math
 
 from specdec._validation import _is_int, _is_real
+from specdec.drafters.cost import (
+    DEFAULT_COST_CURVE,
+    DEFAULT_TARGET_COST,
+    CostCurve,
+    PassTimer,
+    check_target_cost,
+)
 
 __all__ = [
+    "DEFAULT_COST_CURVE",
     "DEFAULT_TARGET_COST",
     "AdaptiveDraftLength",
+    "CostCurve",
     "DraftLengthPolicy",
     "FixedDraftLength",
     "HeuristicDraftLength",
+    "PositionalDraftLength",
 ]
 
 
 class DraftLengthPolicy:
     """Interface of a draft-length policy (the methods the decoder calls).
 
-    ``source`` is a hashable key of the draft source that made the proposal: its place
-    in a :class:`~specdec.drafters.Chain` (0 for a lone drafter or model) and the
-    strength of its evidence, so that a policy can learn each one's acceptance.
+    See the module docstring for the order of the calls and the meaning of ``key``.
     """
 
     #: Draft-model drafting stops at a token whose top probability is below this.
@@ -53,18 +74,20 @@ class DraftLengthPolicy:
         Parameters
         ----------
         max_tokens : int
-            The decoder's ``gamma``.
-        target_cost : (overhead, per_token), optional
-            The target model's ``speculation_cost`` hint, if it has one.
+            The most draft tokens per step in this call (the decoder's ``gamma``, or a
+            drafter's own ``num_tokens`` when ``gamma`` was not set).
+        target_cost : CostCurve, optional
+            The target model's cost curve (read lazily when first used).
         """
 
-    def length(self, source: int, offered: int) -> int:
+    def length(self, key, offered: int) -> int:
         """Tokens to verify out of a proposal of ``offered`` tokens.
 
         Parameters
         ----------
-        source : int
-            Index of the proposing source.
+        key : tuple (source, evidence)
+            ``source``: index of the proposing source (int); ``evidence``: its match
+            length (int) or None.
         offered : int
             Length of the proposal (for a draft model: the most it may draft).
 
@@ -75,15 +98,13 @@ class DraftLengthPolicy:
         """
         raise NotImplementedError
 
-    def observe(
-        self, source: int, drafted: int, kept: int, target_seconds: float, shadow: bool | None
-    ) -> None:
+    def observe(self, key, drafted: int, kept: int, target_seconds: float, shadow) -> None:
         """Learn from one step.
 
         Parameters
         ----------
-        source : int
-            Index of the source whose draft was verified.
+        key : tuple (source, evidence)
+            The key given to :meth:`length` for this step.
         drafted, kept : int
             Draft tokens verified and kept.
         target_seconds : float
@@ -95,6 +116,9 @@ class DraftLengthPolicy:
             law, so it matches with the probability the draft would have been kept).
             None when there is none.
         """
+
+    def reset(self) -> None:
+        """Forget what was learnt (the default has nothing to forget)."""
 
 
 class FixedDraftLength(DraftLengthPolicy):
@@ -149,12 +173,6 @@ class HeuristicDraftLength(DraftLengthPolicy):
         return f"HeuristicDraftLength(initial={self.initial})"
 
 
-#: The default cost of a target pass over n drafts plus one token, relative to one token:
-#: ``1 + overhead + per_token * n`` for n >= 1.  Measured here for a 135M-parameter model
-#: in llama.cpp on a CPU (2 tokens cost 1.9x one token, 9 tokens about 4.2x).
-DEFAULT_TARGET_COST = (0.57, 0.33)
-
-
 class AdaptiveDraftLength(DraftLengthPolicy):
     """The draft length that maximises expected tokens per unit of time.
 
@@ -167,12 +185,12 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     It then picks the n in ``[min_tokens, offered]`` with the most tokens per unit of
     cost; ``n = 0`` (a plain step, one token for one pass) wins whenever no draft pays.
 
-    The cost of a target pass over n drafts is ``1 + overhead + per_token * n`` times
-    one token (n >= 1).  By default it is the target model's own
-    ``speculation_cost`` attribute when it has one (specdec's adapters do), else
-    :data:`DEFAULT_TARGET_COST`: decisions then depend on tokens only, so a seeded
-    run is reproducible.  ``target_cost="measured"`` fits it to the timed passes
-    instead (adapts to any hardware, but runs with one seed may then differ).
+    The cost of a target pass comes from the target's cost curve
+    (:mod:`specdec.drafters.cost`: its ``cost_curve``, else its ``speculation_cost``,
+    else :data:`DEFAULT_COST_CURVE`): decisions then depend on tokens only, so a
+    seeded run is reproducible.  ``target_cost="measured"`` fits it to the timed
+    passes instead (adapts to any hardware, but runs with one seed may then differ).
+    :class:`PositionalDraftLength`, the default, models acceptance per position.
 
     Parameters
     ----------
@@ -182,8 +200,10 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         A draft model stops drafting at a token whose top probability is below this
         (llama.cpp's ``--draft-p-min``, Hugging Face's
         ``assistant_confidence_threshold``); 0 never stops.
-    target_cost : None, "measured" or (overhead, per_token)
-        The cost model of a target pass, see above.
+    target_cost : None, "measured", (overhead, per_token) or cost curve
+        The cost model of a target pass, see above: a tuple of two numbers is a pair,
+        any other 1-D sequence a curve (element i: a pass over i + 1 tokens, relative
+        to one token; element 0 is 1.0).
     draft_cost : float >= 0, default 0.0
         Cost of one draft-model token relative to one target token (deterministic
         drafters cost next to nothing).
@@ -221,14 +241,14 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             raise ValueError(f"draft_cost must be a finite number >= 0, got {draft_cost!r}")
         self.min_tokens = int(min_tokens)
         self.p_min = float(p_min)
-        self.target_cost = _check_cost(target_cost, "target_cost")
+        self.target_cost = check_target_cost(target_cost, "target_cost")
         self.draft_cost = float(draft_cost)
         self.prior_acceptance = float(prior_acceptance)
         self.memory = float(memory)
         self._max = 1
-        self._cost = DEFAULT_TARGET_COST
+        self._cost = CostCurve(DEFAULT_COST_CURVE)
         self._accept: dict = {}  # key -> [kept, tested]
-        self._times: dict = {}  # drafts n -> [weight, mean seconds], for "measured"
+        self._timer = PassTimer(self.memory)  # for "measured"
         self._idle: dict = {}  # key -> proposals since the last observation
 
     def __repr__(self) -> str:
@@ -244,18 +264,19 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         Parameters
         ----------
         max_tokens : int
-            The decoder's ``gamma``.
-        target_cost : (overhead, per_token), optional
-            The target model's ``speculation_cost``, used unless ``target_cost`` was
-            given to the constructor.
+            The most draft tokens per step.
+        target_cost : CostCurve, optional
+            The target model's cost curve, used unless ``target_cost`` was given to the
+            constructor.
         """
         self._max = max_tokens
-        if isinstance(self.target_cost, tuple):
-            self._cost = self.target_cost
-        elif target_cost is not None:
-            self._cost = _check_cost(target_cost, "the target model's speculation_cost")
-        else:
-            self._cost = DEFAULT_TARGET_COST
+        self._cost = _chosen_cost(self.target_cost, target_cost)
+
+    def reset(self) -> None:
+        """Forget the acceptance and the timings learnt so far."""
+        self._accept.clear()
+        self._idle.clear()
+        self._timer = PassTimer(self.memory)
 
     def acceptance(self, key) -> float:
         """The estimated probability that a draft token from ``key`` is kept.
@@ -286,10 +307,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         -------
         float
         """
-        overhead, per_token = self._cost
-        if self.target_cost == "measured" and 0 in self._times and n in self._times:
-            return self._times[n][1] / self._times[0][1]
-        return 1.0 if n == 0 else 1.0 + overhead + per_token * n
+        if self.target_cost == "measured":
+            return self._timer.drafts(n, self._cost)
+        return self._cost.drafts(n)
 
     def length(self, source, offered: int) -> int:  # noqa: D102
         offered = min(offered, self._max)
@@ -327,23 +347,271 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             kept_sum, tested_sum = self._accept.get(source, (0.0, 0.0))
             m = self.memory**tested
             self._accept[source] = [kept_sum * m + successes, tested_sum * m + tested]
-        if self.target_cost == "measured" and target_seconds > 0.0:
-            weight, mean = self._times.get(drafted, (0.0, 0.0))
-            weight = weight * self.memory + 1.0
-            self._times[drafted] = [weight, mean + (target_seconds - mean) / weight]
+        if self.target_cost == "measured":
+            self._timer.record(drafted, target_seconds)
 
 
-def _check_cost(value, name: str):
-    if value is None or value == "measured":
-        return value
-    try:
-        overhead, per_token = value
-        valid = all(_is_real(v) and 0.0 <= v < math.inf for v in (overhead, per_token))
-    except (TypeError, ValueError):
-        valid = False
-    if not valid:
-        raise ValueError(
-            f"{name} must be None, 'measured' or a pair (overhead, per_token) "
-            f"of finite numbers >= 0, got {value!r}"
+class PositionalDraftLength(DraftLengthPolicy):
+    """The draft length with the most expected tokens per unit of target time.
+
+    The default policy for drafters.  It models the chance ``a(i)`` that draft token
+    ``i`` is kept *given that tokens 1..i-1 were*, separately for each draft source,
+    each strength of evidence ``e`` (a drafter's match length) and each position ``i``.
+    A step drafting n tokens then emits ``E(n) = 1 + a(1) + a(1)a(2) + ...`` tokens in
+    expectation, for a target pass over ``n + 1`` tokens costing ``C(n)`` one-token
+    passes (the cost curve), and the policy picks the n in ``[min_tokens, offered]``
+    that maximises ``E(n) / C(n)``: ``n = 0`` (one token for one pass) when no draft
+    pays.  This is the optimal stopping rule of SpecDec++ (Huang et al. 2024): keep
+    drafting while the chance that the next token is rejected, ``1 - a(i)``, stays
+    below the threshold that the cost curve sets at that length; maximising the ratio
+    over every n also handles curves that are not linear.
+
+    Priors.  Before a cell is observed, ``a(i)`` for evidence ``e`` is the prior of a
+    match of length ``L = e + i - 1`` (once i - 1 drafted tokens were kept, the match
+    is that much longer): ``1 - 0.7 / L**0.8``, capped at 0.97.  A spurious 1-token
+    match starts at 0.3; a copied passage (a 16-token match) at 0.92, rising along the
+    draft.  A source without evidence (a draft model) starts at ``prior_acceptance``.
+    Position i's prior is raised to the estimate at position i - 1 when that is
+    higher, so that what was learnt at the first positions carries to the next ones
+    before they are observed.  Each cell's estimate is ``(kept + s * prior) / (tested
+    + s)`` with ``s = prior_strength`` pseudo-observations, and older observations fade
+    by ``memory`` each time the cell is observed again, so that it follows a text that
+    changes character.
+
+    What it learns is kept on the object (across the ``generate`` calls of one decoder,
+    see the module docstring); :meth:`reset` forgets it.
+
+    Parameters
+    ----------
+    min_tokens : int, default 0
+        Draft at least this many tokens when a proposal offers them.
+    p_min : float in [0, 1), default 0.0
+        A draft model stops drafting at a token whose top probability is below this
+        (llama.cpp's ``--draft-p-min``); 0 never stops.
+    target_cost : None, "measured", (overhead, per_token) or cost curve
+        As for :class:`AdaptiveDraftLength`; None uses the target model's curve.
+    draft_cost : float >= 0, default 0.0
+        Cost of one draft token relative to a one-token target pass.
+    prior_acceptance : float in (0, 1), default 0.5
+        Prior of a source without evidence, at every position.
+    prior_strength : float > 0, default 4.0
+        Pseudo-observations of the prior in each cell.
+    memory : float in (0, 1), default 0.98
+        Weight kept by a cell's past observations at each new one.
+
+    Examples
+    --------
+    >>> policy = PositionalDraftLength()
+    >>> policy.start(16, CostCurve([1.0, 1.1, 1.2, 1.3]))   # a flat curve: long drafts pay
+    >>> policy.length((0, 12), 16), policy.length((0, 1), 16)   # a copy, a 1-token match
+    (13, 3)
+    """
+
+    #: A source not drafted from for this many proposals is tried with one token.
+    PROBE_EVERY = 16
+    #: Evidence beyond this match length shares one set of cells.
+    MAX_EVIDENCE = 16
+    #: Positions beyond this share the last cell.
+    MAX_POSITION = 32
+
+    def __init__(
+        self,
+        min_tokens: int = 0,
+        p_min: float = 0.0,
+        *,
+        target_cost=None,
+        draft_cost: float = 0.0,
+        prior_acceptance: float = 0.5,
+        prior_strength: float = 4.0,
+        memory: float = 0.98,
+    ) -> None:
+        if not _is_int(min_tokens) or min_tokens < 0:
+            raise ValueError(f"min_tokens must be an int >= 0, got {min_tokens!r}")
+        if not _is_real(p_min) or not 0.0 <= p_min < 1.0:
+            raise ValueError(f"p_min must be a number in [0, 1), got {p_min!r}")
+        for name, value in (("prior_acceptance", prior_acceptance), ("memory", memory)):
+            if not _is_real(value) or not 0.0 < value < 1.0:
+                raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
+        if not _is_real(prior_strength) or not 0.0 < prior_strength < math.inf:
+            raise ValueError(f"prior_strength must be a finite number > 0, got {prior_strength!r}")
+        if not _is_real(draft_cost) or not 0.0 <= draft_cost < math.inf:
+            raise ValueError(f"draft_cost must be a finite number >= 0, got {draft_cost!r}")
+        self.min_tokens = int(min_tokens)
+        self.p_min = float(p_min)
+        self.target_cost = check_target_cost(target_cost, "target_cost")
+        self.draft_cost = float(draft_cost)
+        self.prior_acceptance = float(prior_acceptance)
+        self.prior_strength = float(prior_strength)
+        self.memory = float(memory)
+        self._max = 1
+        self._cost = CostCurve(DEFAULT_COST_CURVE)
+        self.reset()
+
+    def __repr__(self) -> str:
+        return (
+            f"PositionalDraftLength(min_tokens={self.min_tokens}, p_min={self.p_min}, "
+            f"target_cost={self.target_cost!r}, draft_cost={self.draft_cost}, "
+            f"prior_acceptance={self.prior_acceptance}, "
+            f"prior_strength={self.prior_strength}, memory={self.memory})"
         )
-    return (float(overhead), float(per_token))
+
+    def reset(self) -> None:
+        """Forget every observation (acceptance, idle counts and timings)."""
+        self._cells: dict = {}  # (source, evidence, position) -> [kept, tested]
+        self._idle: dict = {}  # (source, evidence) -> proposals since the last draft
+        self._timer = PassTimer(self.memory)
+
+    def start(self, max_tokens: int, target_cost=None) -> None:
+        """Begin a generate call (see :class:`DraftLengthPolicy`); keeps what was learnt.
+
+        Parameters
+        ----------
+        max_tokens : int
+            The most draft tokens per step.
+        target_cost : CostCurve, optional
+            The target model's cost curve, used unless ``target_cost`` was given.
+        """
+        self._max = max_tokens
+        self._cost = _chosen_cost(self.target_cost, target_cost)
+
+    def _cell_key(self, key, position: int) -> tuple:
+        source, evidence = key if isinstance(key, tuple) and len(key) == 2 else (key, None)
+        if evidence is not None:
+            evidence = min(int(evidence), self.MAX_EVIDENCE)
+        return source, evidence, min(position, self.MAX_POSITION)
+
+    def prior(self, evidence, position: int) -> float:
+        """The acceptance assumed at ``position`` (1-based) before any observation.
+
+        Parameters
+        ----------
+        evidence : int or None
+            The proposal's match length.
+        position : int
+            Position within the draft, from 1.
+
+        Returns
+        -------
+        float
+        """
+        if evidence is None or evidence <= 0:
+            return self.prior_acceptance
+        match = evidence + position - 1
+        return min(0.97, 1.0 - 0.7 / match**0.8)
+
+    def acceptances(self, key, n: int) -> list:
+        """Estimated chance that draft token i is kept given the ones before, i = 1..n.
+
+        Parameters
+        ----------
+        key : tuple (source, evidence)
+            As given to :meth:`length`.
+        n : int
+            Positions wanted.
+
+        Returns
+        -------
+        list of float
+            ``[a(1), ..., a(n)]``, each in (0, 1).
+        """
+        source, evidence = key if isinstance(key, tuple) and len(key) == 2 else (key, None)
+        if evidence is not None:
+            evidence = min(int(evidence), self.MAX_EVIDENCE)
+        cells, strength, last = self._cells, self.prior_strength, self.MAX_POSITION
+        estimates, previous = [], 0.0
+        for position in range(1, n + 1):
+            # A position not observed yet borrows from the one before it: once tokens
+            # 1..i-1 are kept, token i is at least as likely to be (max with the prior).
+            prior = max(self.prior(evidence, position), previous)
+            kept, tested = cells.get((source, evidence, min(position, last)), (0.0, 0.0))
+            previous = (kept + strength * prior) / (tested + strength)
+            estimates.append(previous)
+        return estimates
+
+    def acceptance(self, key, position: int = 1) -> float:
+        """Estimated chance that draft token ``position`` is kept, given the ones before.
+
+        Parameters
+        ----------
+        key : tuple (source, evidence)
+            As given to :meth:`length`.
+        position : int, default 1
+            Position within the draft, from 1.
+
+        Returns
+        -------
+        float
+            In (0, 1).
+        """
+        return self.acceptances(key, position)[-1]
+
+    def cost(self, n: int) -> float:
+        """Cost of the target pass over ``n`` drafts and one token, in one-token passes.
+
+        Parameters
+        ----------
+        n : int
+            Draft tokens verified.
+
+        Returns
+        -------
+        float
+        """
+        if self.target_cost == "measured":
+            return self._timer.drafts(n, self._cost)
+        return self._cost.drafts(n)
+
+    def length(self, key, offered: int) -> int:  # noqa: D102
+        offered = min(offered, self._max)
+        if offered <= 0:
+            return 0
+        best_n, best_rate = 0, -1.0
+        expected, survive = 1.0, 1.0
+        acceptances = self.acceptances(key, offered)
+        for n in range(0, offered + 1):
+            if n > 0:
+                survive *= acceptances[n - 1]
+                expected += survive
+            if n < self.min_tokens:
+                continue
+            rate = expected / (self.cost(n) + self.draft_cost * n)
+            if rate > best_rate * (1.0 + 1e-9):
+                best_n, best_rate = n, rate
+        idle_key = self._cell_key(key, 0)[:2]
+        if best_n == 0:
+            # A source never drafted from learns nothing (a draft model gives no free
+            # observation): try one token after PROBE_EVERY idle proposals.
+            idle = self._idle.get(idle_key, 0) + 1
+            self._idle[idle_key] = idle
+            if idle >= self.PROBE_EVERY:
+                best_n = 1
+        if best_n:
+            self._idle[idle_key] = 0
+        return best_n
+
+    def observe(self, key, drafted, kept, target_seconds, shadow) -> None:  # noqa: D102
+        # Tokens 1..kept were kept; token kept + 1 (if drafted) was rejected; the shadow
+        # (after a fully kept draft) is one more observation at position drafted + 1.
+        outcomes = [(i, 1.0) for i in range(1, kept + 1)]
+        if kept < drafted:
+            outcomes.append((kept + 1, 0.0))
+        elif shadow is not None:
+            outcomes.append((drafted + 1, float(shadow)))
+        cells, memory = self._cells, self.memory
+        for position, success in outcomes:
+            cell = self._cell_key(key, position)
+            kept_sum, tested_sum = cells.get(cell, (0.0, 0.0))
+            cells[cell] = [kept_sum * memory + success, tested_sum * memory + 1.0]
+        if self.target_cost == "measured":
+            self._timer.record(drafted, target_seconds)
+
+
+def _chosen_cost(own, model_cost) -> CostCurve:
+    """The policy's own curve if it was given one, else the target model's, else the default."""
+    if isinstance(own, CostCurve):
+        return own
+    if model_cost is None:
+        return CostCurve(DEFAULT_COST_CURVE)
+    if not isinstance(model_cost, CostCurve):
+        return check_target_cost(model_cost, "the target model's cost")
+    return model_cost
