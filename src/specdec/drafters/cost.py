@@ -206,7 +206,7 @@ def _check_curve(values, name: str) -> tuple:
     if not (np.all(np.isfinite(array)) and np.all(array > 0.0)):
         raise ValueError(f"{expected}; got {array.tolist()!r}")
     if abs(array[0] - 1.0) > 1e-6:
-        raise ValueError(f"{expected}; element 0 is {array[0]!r}")
+        raise ValueError(f"{expected}; element 0 is {float(array[0])!r}")
     return tuple(float(v) for v in array)
 
 
