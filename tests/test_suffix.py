@@ -102,7 +102,7 @@ def dump_of(seq, depth):
 def test_most_frequent_continuation_wins_over_the_latest():
     # "1 2" is followed by 3 twice, then by 4 once (the latest): propose 3
     tokens = np.array([7, 1, 2, 3, 8, 1, 2, 3, 9, 1, 2, 4, 6, 1, 2])
-    drafter = SuffixDrafter()
+    drafter = SuffixDrafter(max_spec_factor=1.0)
     drafter.start(tokens)
     # then "2 3" went on with 8 and 9 once each: the tie goes to the latest, 9
     assert drafter.propose(tokens, 8).tolist() == [3, 9]
@@ -127,12 +127,12 @@ def test_draft_grows_with_the_match_and_stops_at_min_token_prob():
     assert SuffixDrafter(max_spec_factor=3.0).propose(tokens, 2).tolist() == [13, 14]
     # after "7": 8 once, 9 once: each continuation has probability 1/2, then 1/2 * 1 ...
     split = np.array([3, 7, 8, 5, 4, 7, 9, 5, 6, 7])
-    assert SuffixDrafter(min_token_prob=0.6).propose(split, 8).tolist() == []
-    assert SuffixDrafter(min_token_prob=0.5).propose(split, 8).tolist() == [9]  # the latest
+    assert SuffixDrafter(1, min_token_prob=0.6).propose(split, 8).tolist() == []
+    assert SuffixDrafter(1, min_token_prob=0.5).propose(split, 8).tolist() == [9]  # the latest
 
 
 def test_earlier_outputs_are_drafted_from_in_later_requests():
-    drafter = SuffixDrafter()
+    drafter = SuffixDrafter(max_spec_factor=1.0)
     output = [40, 41, 42, 43, 44, 45, 46, 47]
     drafter.start(np.array([1, 2, 3]))
     drafter.extend(np.array([1, 2, 3, *output]), len(output))
@@ -149,7 +149,7 @@ def test_earlier_outputs_are_drafted_from_in_later_requests():
 @pytest.mark.parametrize("bound", ["requests", "tokens"])
 def test_global_tree_evicts_the_oldest_outputs_first(bound):
     kwargs = {"max_cached_requests": 2} if bound == "requests" else {"max_cached_tokens": 12}
-    drafter = SuffixDrafter(**kwargs)
+    drafter = SuffixDrafter(max_spec_factor=1.0, **kwargs)
     outputs = [[100 * r + i for i in range(6)] for r in range(4)]
     for output in outputs:
         drafter.start(np.array([1]))
@@ -163,7 +163,7 @@ def test_global_tree_evicts_the_oldest_outputs_first(bound):
 
 
 def test_propose_without_start_and_after_a_different_sequence():
-    drafter = SuffixDrafter()
+    drafter = SuffixDrafter(max_spec_factor=1.0)
     a = np.array([1, 2, 3, 9, 1, 2])
     assert drafter.propose(a, 4).tolist() == [3, 9]
     b = np.array([5, 6, 7, 5, 6])  # not an extension of a: re-indexed
