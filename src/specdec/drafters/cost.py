@@ -64,7 +64,7 @@ class CostCurve:
     1.0
     """
 
-    __slots__ = ("_values", "_slope", "_pair", "_resolve")
+    __slots__ = ("_values", "_slope", "_pair", "_resolve", "_table")
 
     def __init__(self, values, name: str = "cost curve") -> None:
         self._pair = None
@@ -72,6 +72,7 @@ class CostCurve:
         self._set(_check_curve(values, name))
 
     def _set(self, values: tuple) -> None:
+        self._table = None
         self._values = values
         self._slope = values[-1] - values[-2] if len(values) > 1 else 1.0
 
@@ -114,8 +115,7 @@ class CostCurve:
         CostCurve
         """
         curve = cls.__new__(cls)
-        curve._pair = None
-        curve._values = None
+        curve._pair = curve._values = curve._table = None
         curve._resolve = lambda: _model_curve(model)
         return curve
 
@@ -145,6 +145,13 @@ class CostCurve:
     def drafts(self, n_drafts: int) -> float:
         """Cost of the pass that verifies ``n_drafts`` draft tokens (and one more token)."""
         return self.tokens(n_drafts + 1)
+
+    def drafts_table(self, n_max: int) -> list:
+        """``[drafts(0), ..., drafts(n_max)]`` (kept: policies ask on every step)."""
+        table = self._table
+        if table is None or len(table) <= n_max:
+            table = self._table = [self.drafts(n) for n in range(max(n_max, 16) + 1)]
+        return table
 
     def __repr__(self) -> str:
         if self._values is None:

@@ -445,6 +445,7 @@ class PositionalDraftLength(DraftLengthPolicy):
         self.memory = float(memory)
         self._max = 1
         self._cost = CostCurve(DEFAULT_COST_CURVE)
+        self._priors: dict = {}  # evidence -> prior acceptance by position (a cache)
         self.reset()
 
     def __repr__(self) -> str:
@@ -518,13 +519,23 @@ class PositionalDraftLength(DraftLengthPolicy):
         if evidence is not None:
             evidence = min(int(evidence), self.MAX_EVIDENCE)
         cells, strength, last = self._cells, self.prior_strength, self.MAX_POSITION
+        priors = self._priors.get(evidence)
+        if priors is None or len(priors) < n:
+            priors = self._priors[evidence] = [
+                self.prior(evidence, i) for i in range(1, max(n, last) + 1)
+            ]
         estimates, previous = [], 0.0
         for position in range(1, n + 1):
             # A position not observed yet borrows from the one before it: once tokens
             # 1..i-1 are kept, token i is at least as likely to be (max with the prior).
-            prior = max(self.prior(evidence, position), previous)
-            kept, tested = cells.get((source, evidence, min(position, last)), (0.0, 0.0))
-            previous = (kept + strength * prior) / (tested + strength)
+            prior = priors[position - 1]
+            if previous > prior:
+                prior = previous
+            cell = cells.get((source, evidence, position if position < last else last))
+            if cell is None:
+                previous = prior
+            else:
+                previous = (cell[0] + strength * prior) / (cell[1] + strength)
             estimates.append(previous)
         return estimates
 
@@ -568,13 +579,18 @@ class PositionalDraftLength(DraftLengthPolicy):
         best_n, best_rate = 0, -1.0
         expected, survive = 1.0, 1.0
         acceptances = self.acceptances(key, offered)
+        if self.target_cost == "measured":
+            costs = [self._timer.drafts(n, self._cost) for n in range(offered + 1)]
+        else:
+            costs = self._cost.drafts_table(offered)
+        draft_cost = self.draft_cost
         for n in range(0, offered + 1):
             if n > 0:
                 survive *= acceptances[n - 1]
                 expected += survive
             if n < self.min_tokens:
                 continue
-            rate = expected / (self.cost(n) + self.draft_cost * n)
+            rate = expected / (costs[n] + draft_cost * n)
             if rate > best_rate * (1.0 + 1e-9):
                 best_n, best_rate = n, rate
         idle_key = self._cell_key(key, 0)[:2]
