@@ -216,9 +216,9 @@ class SpeculativeDecoder:
 
         With ``draft_length="auto"`` or ``"adaptive"`` the decoder keeps one
         :class:`~specdec.drafters.PositionalDraftLength`: acceptance learnt in one
-        ``generate`` call informs the next (it is also forgotten when the draft sources
-        change).  A policy passed as ``draft_length`` is the caller's: call its own
-        ``reset()``.
+        ``generate`` call informs the next (it is also forgotten when the classes of the
+        draft sources change, e.g. from ``PromptLookup`` to ``SuffixDrafter``).  A policy
+        passed as ``draft_length`` is the caller's: call its own ``reset()``.
         """
         self._adaptive = self._adaptive_for = None
 
