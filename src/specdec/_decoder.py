@@ -29,7 +29,8 @@ from specdec._validation import (
     make_rng,
 )
 from specdec.drafters.cost import CostCurve
-from specdec.drafters.length import DraftLengthPolicy, FixedDraftLength, PositionalDraftLength
+from specdec.drafters.length import DraftLengthPolicy, FixedDraftLength
+from specdec.drafters.positional import PositionalDraftLength
 
 DRAFT_LENGTHS = ("auto", "fixed", "adaptive")
 

@@ -29,10 +29,10 @@ from specdec.drafters.length import (
     DraftLengthPolicy,
     FixedDraftLength,
     HeuristicDraftLength,
-    PositionalDraftLength,
 )
 from specdec.drafters.lookup import PromptLookup
 from specdec.drafters.ngram import NGram
+from specdec.drafters.positional import PositionalDraftLength
 from specdec.drafters.suffix import SuffixDrafter
 
 __all__ = [

@@ -28,7 +28,13 @@ import numpy as np
 
 from specdec._validation import _is_real
 
-__all__ = ["DEFAULT_COST_CURVE", "DEFAULT_TARGET_COST", "CostCurve", "check_target_cost"]
+__all__ = [
+    "DEFAULT_COST_CURVE",
+    "DEFAULT_TARGET_COST",
+    "CostCurve",
+    "check_target_cost",
+    "chosen_cost",
+]
 
 #: The legacy default ``(overhead, per_token)``: a pass over n drafts and one token costs
 #: ``1 + overhead + per_token * n`` one-token passes (n >= 1).
@@ -262,3 +268,26 @@ class PassTimer:
         if 0 in times and n_drafts in times:
             return times[n_drafts][1] / times[0][1]
         return fallback.drafts(n_drafts)
+
+
+def chosen_cost(own, model_cost) -> CostCurve:
+    """The policy's own curve if it was given one, else the target model's, else the default.
+
+    Parameters
+    ----------
+    own : None, "measured" or CostCurve
+        The policy's ``target_cost``.
+    model_cost : CostCurve or None
+        What the decoder passed to ``start``.
+
+    Returns
+    -------
+    CostCurve
+    """
+    if isinstance(own, CostCurve):
+        return own
+    if model_cost is None:
+        return CostCurve(DEFAULT_COST_CURVE)
+    if not isinstance(model_cost, CostCurve):
+        return check_target_cost(model_cost, "the target model's cost")
+    return model_cost
