@@ -23,7 +23,14 @@ from toymodels import ContextModel, enumerate_joint_law, new_tokens, pooled_chis
 
 import specdec
 from specdec._backend import kernels_for
-from specdec.drafters import AdaptiveDraftLength, Chain, Drafter, HeuristicDraftLength
+from specdec.drafters import (
+    AdaptiveDraftLength,
+    Chain,
+    Drafter,
+    HeuristicDraftLength,
+    PositionalDraftLength,
+    SuffixDrafter,
+)
 
 N_RUNS = 4_000
 ALPHA = 1e-3
@@ -89,14 +96,29 @@ CONTROLS = [
 ]
 
 
+#: Drafters of the law tests, with the draft length they run under: the context drafter
+#: with ``gamma`` tokens per step, and the suffix drafter (its global tree fed by the
+#: earlier runs' outputs) under the default policy, kept by the decoder across runs and
+#: told that drafts are cheap (so that it drafts up to 3 tokens: 1.6k kept in 4k runs).
+DRAFTERS = {
+    "context-fixed": (ContextDrafter, lambda: "fixed"),
+    "suffix-positional": (
+        lambda: SuffixDrafter(max_depth=6, max_cached_requests=8),
+        lambda: PositionalDraftLength(target_cost=[1.0, 1.05, 1.1, 1.15]),
+    ),
+}
+
+
 @pytest.mark.parametrize("verification", ["token", "block"])
 @pytest.mark.parametrize("controls", CONTROLS, ids=lambda c: "-".join(map(str, c.values())))
-def test_one_hot_drafts_keep_the_targets_law(backend, verification, controls):
+@pytest.mark.parametrize("drafter", sorted(DRAFTERS))
+def test_one_hot_drafts_keep_the_targets_law(backend, verification, controls, drafter):
     target = target_model(np.float32)
+    make_drafter, make_policy = DRAFTERS[drafter]
     decoder = specdec.SpeculativeDecoder(
-        3, verification=verification, draft_length="fixed", backend=backend, **controls
+        3, verification=verification, draft_length=make_policy(), backend=backend, **controls
     )
-    counts = outcomes(decoder, ContextDrafter(), target, seed=21)
+    counts = outcomes(decoder, make_drafter(), target, seed=21)
     check_exact(counts, law_of(target, **controls))
 
 
@@ -113,20 +135,22 @@ def test_chain_of_drafter_and_model_keeps_the_law(backend, verification):
 
 
 @pytest.mark.parametrize(
-    "policy",
+    "make_policy",
     [
-        AdaptiveDraftLength(prior_acceptance=0.9, target_cost=(0.1, 0.05)),
-        AdaptiveDraftLength(min_tokens=1, p_min=0.3),
-        HeuristicDraftLength(initial=1),
+        lambda: AdaptiveDraftLength(prior_acceptance=0.9, target_cost=(0.1, 0.05)),
+        lambda: AdaptiveDraftLength(min_tokens=1, p_min=0.3),
+        lambda: HeuristicDraftLength(initial=1),
+        lambda: PositionalDraftLength(target_cost=[1.0, 1.1, 1.2, 1.3]),
+        lambda: PositionalDraftLength(min_tokens=1, p_min=0.3),
     ],
-    ids=["adaptive", "adaptive-pmin", "heuristic"],
+    ids=["adaptive", "adaptive-pmin", "heuristic", "positional", "positional-pmin"],
 )
-def test_draft_length_policies_keep_the_law(backend, policy):
+def test_draft_length_policies_keep_the_law(backend, make_policy):
     """A policy decides from earlier steps only, so any policy keeps the law; with a
     model draft, stopping at a low-confidence draft token (p_min) keeps it too."""
     target = target_model()
     draft = ContextModel(VOCAB, seed=13)
-    decoder = specdec.SpeculativeDecoder(4, draft_length=policy, backend=backend)
+    decoder = specdec.SpeculativeDecoder(4, draft_length=make_policy(), backend=backend)
     check_exact(outcomes(decoder, Chain(ContextDrafter(), draft), target, seed=23), law_of(target))
 
 
@@ -230,8 +254,10 @@ def test_adaptive_length_drafts_nothing_when_drafts_are_never_kept(backend):
 
 
 def test_adaptive_length_drafts_long_when_drafts_are_always_kept(backend):
-    """A drafter that knows the greedy continuation: the policy drafts the maximum."""
+    """A drafter that knows the greedy continuation, and a target whose passes cost
+    little per extra token (its ``cost_curve``): the policy drafts the maximum."""
     target = target_model()
+    target.cost_curve = [1.0 + 0.1 * i for i in range(16)]
     expected, _ = specdec.sample(target, PROMPT, 120, temperature=0.0, backend=backend)
 
     class Oracle(Drafter):
@@ -243,7 +269,7 @@ def test_adaptive_length_drafts_long_when_drafts_are_always_kept(backend):
     ids, stats = decoder.generate(Oracle(), target, PROMPT, 120)
     assert ids == expected
     assert stats.acceptance_rate == 1.0
-    # after a short ramp-up from the prior (acceptance 0.5: one token), always the maximum
+    # after a short ramp-up from the prior (acceptance 0.5), always the maximum
     assert stats.draft_length_histogram[8] >= 0.6 * stats.num_target_forward_passes
 
 

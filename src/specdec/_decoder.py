@@ -28,9 +28,24 @@ from specdec._validation import (
     check_verification,
     make_rng,
 )
-from specdec.drafters.length import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
+from specdec.drafters.cost import CostCurve
+from specdec.drafters.length import DraftLengthPolicy, FixedDraftLength
+from specdec.drafters.positional import PositionalDraftLength
 
 DRAFT_LENGTHS = ("auto", "fixed", "adaptive")
+
+
+class _DefaultGamma(int):
+    """The default ``gamma`` (4), told apart from a ``gamma=4`` the user set.
+
+    With drafters and no ``gamma`` set, a step drafts up to the drafters' own
+    ``num_tokens``; the reference's default of 4 still applies to draft models.
+    """
+
+    __slots__ = ()
+
+
+DEFAULT_GAMMA = _DefaultGamma(4)
 
 
 class _Run:
@@ -127,6 +142,9 @@ class SpeculativeDecoder:
     ----------
     gamma : int, default 4
         Draft tokens proposed per target pass (with an adaptive draft length: the most).
+        Unless it is set explicitly, a deterministic drafter is capped by its own
+        ``num_tokens`` instead (``PromptLookup(num_tokens=10)`` drafts up to 10); the
+        default 4 still caps a draft model.
     temperature : float, default 1.0
         Sampling temperature of both models.  0 is exact greedy decoding: a draft is
         kept iff it is the target's argmax (ties to the lowest id) and no random
@@ -151,9 +169,11 @@ class SpeculativeDecoder:
         a higher cost.
     draft_length : {"auto", "fixed", "adaptive"} or DraftLengthPolicy, default "auto"
         ``"fixed"`` drafts ``gamma`` tokens per step (the reference's rule);
-        ``"adaptive"`` uses :class:`specdec.drafters.AdaptiveDraftLength`, which drafts
-        as many as pay off, possibly none; ``"auto"`` is adaptive for drafters and
-        fixed for a plain draft model.
+        ``"adaptive"`` uses :class:`specdec.drafters.PositionalDraftLength`, which drafts
+        as many as pay off under the target's cost curve, possibly none; ``"auto"`` is
+        adaptive for drafters and fixed for a plain draft model.  The adaptive policy is
+        kept by the decoder, so what it learnt carries over between ``generate`` calls
+        (see :meth:`reset`).
     backend : {"cython", "python"}, optional
         Kernel backend; default :data:`specdec.BACKEND`.
 
@@ -165,7 +185,7 @@ class SpeculativeDecoder:
 
     def __init__(
         self,
-        gamma: int = 4,
+        gamma: int = DEFAULT_GAMMA,
         temperature: float = 1.0,
         *,
         seed=None,
@@ -189,6 +209,19 @@ class SpeculativeDecoder:
         self._kernels = kernels_for(backend)
         self.backend = "python" if self._kernels.__name__.endswith("_fallback") else "cython"
         self._rng = None if seed is None else as_generator(seed, "seed")
+        self._adaptive = None  # the adaptive policy, kept across generate calls
+        self._adaptive_for = None  # the draft sources' names it learnt from
+
+    def reset(self) -> None:
+        """Forget what the adaptive draft-length policy learnt in earlier calls.
+
+        With ``draft_length="auto"`` or ``"adaptive"`` the decoder keeps one
+        :class:`~specdec.drafters.PositionalDraftLength`: acceptance learnt in one
+        ``generate`` call informs the next (it is also forgotten when the classes of the
+        draft sources change, e.g. from ``PromptLookup`` to ``SuffixDrafter``).  A policy
+        passed as ``draft_length`` is the caller's: call its own ``reset()``.
+        """
+        self._adaptive = self._adaptive_for = None
 
     # --- live, validated attributes -----------------------------------------------------
 
@@ -199,7 +232,15 @@ class SpeculativeDecoder:
 
     @gamma.setter
     def gamma(self, value) -> None:
-        self._gamma = check_gamma(value)
+        self._gamma = DEFAULT_GAMMA if value is DEFAULT_GAMMA else check_gamma(value)
+
+    def _drafter_gamma(self, sources: DraftSources) -> int:
+        """The most tokens per step for the drafters: ``gamma`` if set, else their own."""
+        if self._gamma is not DEFAULT_GAMMA or not sources.drafters:
+            return self._gamma
+        own = [getattr(drafter, "num_tokens", None) for drafter in sources.drafters]
+        own = [n for n in own if type(n) is int and n >= 1]  # a custom drafter may not say
+        return check_gamma(max(own), "a drafter's num_tokens") if own else self._gamma
 
     @property
     def verification(self) -> str:
@@ -256,7 +297,11 @@ class SpeculativeDecoder:
             return choice
         if choice == "auto":
             choice = "fixed" if not sources.drafters else "adaptive"
-        return FixedDraftLength() if choice == "fixed" else AdaptiveDraftLength()
+        if choice == "fixed":
+            return FixedDraftLength()
+        if self._adaptive is None or self._adaptive_for != sources.names:
+            self._adaptive, self._adaptive_for = PositionalDraftLength(), list(sources.names)
+        return self._adaptive
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -309,9 +354,10 @@ class SpeculativeDecoder:
         _check_declared_vocab(prompt, eos, draft, target)
         controls = SamplingControls.from_user(**self._controls_values)
         block = self.verification == "block"
-        gamma = self.gamma
+        model_gamma = self.gamma
+        gamma = max(self._drafter_gamma(sources), model_gamma if draft is not None else 0)
         policy = self._policy(sources)
-        policy.start(gamma, getattr(target_model, "speculation_cost", None))
+        policy.start(gamma, CostCurve.of_model(target_model))
         kernels = self._kernels
 
         run = _Run(prompt, max_new_tokens)
@@ -333,7 +379,7 @@ class SpeculativeDecoder:
                     draft,
                     run,
                     start,
-                    draft_length(policy, key, budget),
+                    draft_length(policy, key, min(budget, model_gamma)),
                     policy.p_min,
                     rows_q,
                     controls,

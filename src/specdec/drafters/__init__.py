@@ -12,13 +12,18 @@ no model at all.
   learnt from texts (through the target's tokenizer) and online from the sequence.
 * :class:`Chain`: several sources in order (say lookup, then n-gram, then a draft
   model); the first with a proposal wins.
-* Draft-length policies: :class:`AdaptiveDraftLength` (the default for drafters: drafts
-  what pays, possibly nothing), :class:`FixedDraftLength` (always ``gamma``),
+* :class:`SuffixDrafter`: SuffixDecoding's suffix trees over this request's prompt and
+  output and over earlier requests' outputs; continuations chosen by frequency.
+* Draft-length policies: :class:`PositionalDraftLength` (the default for drafters:
+  acceptance per position and strength of evidence against the target's
+  :class:`CostCurve`; drafts what pays, possibly nothing), :class:`AdaptiveDraftLength`
+  (one acceptance per source), :class:`FixedDraftLength` (always ``gamma``),
   :class:`HeuristicDraftLength` (Hugging Face's +2/-1 schedule).
 """
 
 from specdec.drafters.base import Drafter
 from specdec.drafters.chain import Chain
+from specdec.drafters.cost import CostCurve
 from specdec.drafters.length import (
     AdaptiveDraftLength,
     DraftLengthPolicy,
@@ -27,14 +32,19 @@ from specdec.drafters.length import (
 )
 from specdec.drafters.lookup import PromptLookup
 from specdec.drafters.ngram import NGram
+from specdec.drafters.positional import PositionalDraftLength
+from specdec.drafters.suffix import SuffixDrafter
 
 __all__ = [
     "AdaptiveDraftLength",
     "Chain",
+    "CostCurve",
     "DraftLengthPolicy",
     "Drafter",
     "FixedDraftLength",
     "HeuristicDraftLength",
     "NGram",
+    "PositionalDraftLength",
     "PromptLookup",
+    "SuffixDrafter",
 ]

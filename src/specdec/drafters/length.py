@@ -1,24 +1,38 @@
-"""How many tokens to draft per step: fixed, adaptive, or Hugging Face's heuristic.
+"""How many tokens to draft per step: per-position, adaptive, fixed or Hugging Face's.
 
 A draft pays only when its expected kept tokens outweigh what it adds to the target
 pass.  On a CPU the target's cost grows with the tokens it evaluates (SmolLM2 in
-llama.cpp: 2 tokens cost 1.9x one token, 9 tokens about 4x), so a mostly rejected draft
-makes every step cost several tokens for one.  :class:`AdaptiveDraftLength` weighs the
-two with what it has measured: the acceptance of each draft source and the target's
-cost per evaluated token, and drafts nothing when nothing pays.
+llama.cpp with one batch thread: 2 tokens cost 1.9x one token, 9 tokens about 4x), so a
+mostly rejected draft makes every step cost several tokens for one, while a copied
+passage pays for drafts of ten tokens and more.
+:class:`~specdec.drafters.PositionalDraftLength` (``drafters/positional.py``, the
+default for drafters) weighs the two with the target's cost curve
+(:mod:`specdec.drafters.cost`) and an acceptance model per draft source, strength of
+evidence and position within the draft; it drafts nothing when nothing pays.
 
-A policy sees only what is known before the target pass (the proposal's length, the
-outcomes and timings of earlier steps), so it never changes the output law: any draft
-length is verified exactly.
+A policy sees only what is known before the target pass (the proposal's length and
+evidence, the outcomes and timings of earlier steps), so it never changes the output
+law: any draft length is verified exactly.
 
-The decoder calls a policy in this order::
+The contract: the decoder calls a policy in this order::
 
-    policy.start(max_tokens, target_cost)          # once per generate call
-    n = policy.length(key, offered)                # per step, before the target pass
+    policy.start(max_tokens, target_cost)                  # once per generate call
+    n = policy.length(key, offered)                        # per step, before the pass
     policy.observe(key, n, kept, target_seconds, shadow)   # after it
 
-``key`` names the draft source: ``(index in the Chain, strength of evidence)``, the
-latter being a drafter's ``last_match_size`` when it has one (else None).
+``key`` is a pair ``(source, evidence)``: ``source`` the index of the proposing
+source in the :class:`~specdec.drafters.Chain` (0 for a lone drafter or model) and
+``evidence`` that drafter's ``last_match_size`` after its proposal (the length of
+the context match it rests on), or None when it has none (a draft model, a drafter
+without the attribute).  ``target_cost`` is the target's :class:`CostCurve` (read
+lazily: a policy that never asks never triggers an adapter's calibration).
+
+What a policy learns lives on the policy object.  With ``draft_length="auto"`` or
+``"adaptive"`` a :class:`~specdec.SpeculativeDecoder` keeps one policy per decoder,
+so what it learnt carries over from one ``generate`` call to the next (the calls of
+one decoder are usually requests of one workload); ``decoder.reset()`` or
+``policy.reset()`` forgets it.  Given the same seed, cost curve and history of calls,
+a run is reproducible (not with ``target_cost="measured"``, which times the passes).
 """
 
 from __future__ import annotations
@@ -26,10 +40,20 @@ from __future__ import annotations
 import math
 
 from specdec._validation import _is_int, _is_real
+from specdec.drafters.cost import (
+    DEFAULT_COST_CURVE,
+    DEFAULT_TARGET_COST,
+    CostCurve,
+    PassTimer,
+    check_target_cost,
+    chosen_cost,
+)
 
 __all__ = [
+    "DEFAULT_COST_CURVE",
     "DEFAULT_TARGET_COST",
     "AdaptiveDraftLength",
+    "CostCurve",
     "DraftLengthPolicy",
     "FixedDraftLength",
     "HeuristicDraftLength",
@@ -39,9 +63,7 @@ __all__ = [
 class DraftLengthPolicy:
     """Interface of a draft-length policy (the methods the decoder calls).
 
-    ``source`` is a hashable key of the draft source that made the proposal: its place
-    in a :class:`~specdec.drafters.Chain` (0 for a lone drafter or model) and the
-    strength of its evidence, so that a policy can learn each one's acceptance.
+    See the module docstring for the order of the calls and the meaning of ``key``.
     """
 
     #: Draft-model drafting stops at a token whose top probability is below this.
@@ -53,18 +75,20 @@ class DraftLengthPolicy:
         Parameters
         ----------
         max_tokens : int
-            The decoder's ``gamma``.
-        target_cost : (overhead, per_token), optional
-            The target model's ``speculation_cost`` hint, if it has one.
+            The most draft tokens per step in this call (the decoder's ``gamma``, or a
+            drafter's own ``num_tokens`` when ``gamma`` was not set).
+        target_cost : CostCurve, optional
+            The target model's cost curve (read lazily when first used).
         """
 
-    def length(self, source: int, offered: int) -> int:
+    def length(self, key, offered: int) -> int:
         """Tokens to verify out of a proposal of ``offered`` tokens.
 
         Parameters
         ----------
-        source : int
-            Index of the proposing source.
+        key : tuple (source, evidence)
+            ``source``: index of the proposing source (int); ``evidence``: its match
+            length (int) or None.
         offered : int
             Length of the proposal (for a draft model: the most it may draft).
 
@@ -75,15 +99,13 @@ class DraftLengthPolicy:
         """
         raise NotImplementedError
 
-    def observe(
-        self, source: int, drafted: int, kept: int, target_seconds: float, shadow: bool | None
-    ) -> None:
+    def observe(self, key, drafted: int, kept: int, target_seconds: float, shadow) -> None:
         """Learn from one step.
 
         Parameters
         ----------
-        source : int
-            Index of the source whose draft was verified.
+        key : tuple (source, evidence)
+            The key given to :meth:`length` for this step.
         drafted, kept : int
             Draft tokens verified and kept.
         target_seconds : float
@@ -95,6 +117,9 @@ class DraftLengthPolicy:
             law, so it matches with the probability the draft would have been kept).
             None when there is none.
         """
+
+    def reset(self) -> None:
+        """Forget what was learnt (the default has nothing to forget)."""
 
 
 class FixedDraftLength(DraftLengthPolicy):
@@ -149,12 +174,6 @@ class HeuristicDraftLength(DraftLengthPolicy):
         return f"HeuristicDraftLength(initial={self.initial})"
 
 
-#: The default cost of a target pass over n drafts plus one token, relative to one token:
-#: ``1 + overhead + per_token * n`` for n >= 1.  Measured here for a 135M-parameter model
-#: in llama.cpp on a CPU (2 tokens cost 1.9x one token, 9 tokens about 4.2x).
-DEFAULT_TARGET_COST = (0.57, 0.33)
-
-
 class AdaptiveDraftLength(DraftLengthPolicy):
     """The draft length that maximises expected tokens per unit of time.
 
@@ -167,12 +186,12 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     It then picks the n in ``[min_tokens, offered]`` with the most tokens per unit of
     cost; ``n = 0`` (a plain step, one token for one pass) wins whenever no draft pays.
 
-    The cost of a target pass over n drafts is ``1 + overhead + per_token * n`` times
-    one token (n >= 1).  By default it is the target model's own
-    ``speculation_cost`` attribute when it has one (specdec's adapters do), else
-    :data:`DEFAULT_TARGET_COST`: decisions then depend on tokens only, so a seeded
-    run is reproducible.  ``target_cost="measured"`` fits it to the timed passes
-    instead (adapts to any hardware, but runs with one seed may then differ).
+    The cost of a target pass comes from the target's cost curve
+    (:mod:`specdec.drafters.cost`: its ``cost_curve``, else its ``speculation_cost``,
+    else :data:`DEFAULT_COST_CURVE`): decisions then depend on tokens only, so a
+    seeded run is reproducible.  ``target_cost="measured"`` fits it to the timed
+    passes instead (adapts to any hardware, but runs with one seed may then differ).
+    :class:`PositionalDraftLength`, the default, models acceptance per position.
 
     Parameters
     ----------
@@ -182,8 +201,10 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         A draft model stops drafting at a token whose top probability is below this
         (llama.cpp's ``--draft-p-min``, Hugging Face's
         ``assistant_confidence_threshold``); 0 never stops.
-    target_cost : None, "measured" or (overhead, per_token)
-        The cost model of a target pass, see above.
+    target_cost : None, "measured", (overhead, per_token) or cost curve
+        The cost model of a target pass, see above: a tuple of two numbers is a pair,
+        any other 1-D sequence a curve (element i: a pass over i + 1 tokens, relative
+        to one token; element 0 is 1.0).
     draft_cost : float >= 0, default 0.0
         Cost of one draft-model token relative to one target token (deterministic
         drafters cost next to nothing).
@@ -221,14 +242,14 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             raise ValueError(f"draft_cost must be a finite number >= 0, got {draft_cost!r}")
         self.min_tokens = int(min_tokens)
         self.p_min = float(p_min)
-        self.target_cost = _check_cost(target_cost, "target_cost")
+        self.target_cost = check_target_cost(target_cost, "target_cost")
         self.draft_cost = float(draft_cost)
         self.prior_acceptance = float(prior_acceptance)
         self.memory = float(memory)
         self._max = 1
-        self._cost = DEFAULT_TARGET_COST
+        self._cost = CostCurve(DEFAULT_COST_CURVE)
         self._accept: dict = {}  # key -> [kept, tested]
-        self._times: dict = {}  # drafts n -> [weight, mean seconds], for "measured"
+        self._timer = PassTimer(self.memory)  # for "measured"
         self._idle: dict = {}  # key -> proposals since the last observation
 
     def __repr__(self) -> str:
@@ -244,18 +265,19 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         Parameters
         ----------
         max_tokens : int
-            The decoder's ``gamma``.
-        target_cost : (overhead, per_token), optional
-            The target model's ``speculation_cost``, used unless ``target_cost`` was
-            given to the constructor.
+            The most draft tokens per step.
+        target_cost : CostCurve, optional
+            The target model's cost curve, used unless ``target_cost`` was given to the
+            constructor.
         """
         self._max = max_tokens
-        if isinstance(self.target_cost, tuple):
-            self._cost = self.target_cost
-        elif target_cost is not None:
-            self._cost = _check_cost(target_cost, "the target model's speculation_cost")
-        else:
-            self._cost = DEFAULT_TARGET_COST
+        self._cost = chosen_cost(self.target_cost, target_cost)
+
+    def reset(self) -> None:
+        """Forget the acceptance and the timings learnt so far."""
+        self._accept.clear()
+        self._idle.clear()
+        self._timer = PassTimer(self.memory)
 
     def acceptance(self, key) -> float:
         """The estimated probability that a draft token from ``key`` is kept.
@@ -286,10 +308,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         -------
         float
         """
-        overhead, per_token = self._cost
-        if self.target_cost == "measured" and 0 in self._times and n in self._times:
-            return self._times[n][1] / self._times[0][1]
-        return 1.0 if n == 0 else 1.0 + overhead + per_token * n
+        if self.target_cost == "measured":
+            return self._timer.drafts(n, self._cost)
+        return self._cost.drafts(n)
 
     def length(self, source, offered: int) -> int:  # noqa: D102
         offered = min(offered, self._max)
@@ -327,23 +348,5 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             kept_sum, tested_sum = self._accept.get(source, (0.0, 0.0))
             m = self.memory**tested
             self._accept[source] = [kept_sum * m + successes, tested_sum * m + tested]
-        if self.target_cost == "measured" and target_seconds > 0.0:
-            weight, mean = self._times.get(drafted, (0.0, 0.0))
-            weight = weight * self.memory + 1.0
-            self._times[drafted] = [weight, mean + (target_seconds - mean) / weight]
-
-
-def _check_cost(value, name: str):
-    if value is None or value == "measured":
-        return value
-    try:
-        overhead, per_token = value
-        valid = all(_is_real(v) and 0.0 <= v < math.inf for v in (overhead, per_token))
-    except (TypeError, ValueError):
-        valid = False
-    if not valid:
-        raise ValueError(
-            f"{name} must be None, 'measured' or a pair (overhead, per_token) "
-            f"of finite numbers >= 0, got {value!r}"
-        )
-    return (float(overhead), float(per_token))
+        if self.target_cost == "measured":
+            self._timer.record(drafted, target_seconds)

@@ -1,0 +1,245 @@
+"""Draft-length policies: the cost curve, PositionalDraftLength's model and decisions, the
+decoder keeping its policy across calls, and drafters not capped by the default gamma.
+
+The law with these policies is tested in tests/test_drafting.py (they only choose how
+many drafted tokens the target verifies, from what is known before its pass).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from toymodels import ContextModel
+
+import specdec
+from specdec.drafters import (
+    AdaptiveDraftLength,
+    CostCurve,
+    Drafter,
+    FixedDraftLength,
+    PositionalDraftLength,
+    PromptLookup,
+)
+from specdec.drafters.cost import DEFAULT_COST_CURVE
+
+VOCAB = 5
+PROMPT = [1, 3]
+
+# --- the cost curve --------------------------------------------------------------------
+
+
+def test_cost_curve_reads_extends_and_converts_pairs():
+    curve = CostCurve([1.0, 1.5, 1.75])
+    assert [curve.tokens(t) for t in (1, 2, 3, 4, 6)] == [1.0, 1.5, 1.75, 2.0, 2.5]
+    assert curve.drafts(0) == 1.0 and curve.drafts(2) == 1.75
+    assert CostCurve([1.0]).tokens(3) == 3.0  # one point: a full pass per extra token
+    pair = CostCurve.from_pair(0.57, 0.33)
+    assert pair.drafts(0) == 1.0 and pair.drafts(40) == 1.0 + 0.57 + 0.33 * 40
+
+
+class Target:
+    def __init__(self, **attributes):
+        self.reads = 0
+        self._attributes = attributes
+
+    def __getattr__(self, name):
+        if name in self._attributes:
+            self.reads += 1
+            return self._attributes[name]
+        raise AttributeError(name)
+
+
+def test_model_curve_is_read_lazily_and_preferred_to_the_pair():
+    target = Target(cost_curve=np.array([1.0, 1.2]), speculation_cost=(0.9, 0.9))
+    curve = CostCurve.of_model(target)
+    assert target.reads == 0  # a calibration would run on first use only
+    assert curve.drafts(1) == 1.2 and curve.drafts(3) == pytest.approx(1.6)
+    assert target.reads == 1
+    curve.drafts(5)
+    assert target.reads == 1
+    assert CostCurve.of_model(Target(speculation_cost=(0.5, 0.25))).drafts(2) == 2.0
+    assert CostCurve.of_model(object()).values == DEFAULT_COST_CURVE
+
+
+def test_a_fixed_draft_length_never_reads_the_cost_curve(backend):
+    class Calibrated(ContextModel):
+        reads = 0
+
+        @property
+        def cost_curve(self):
+            Calibrated.reads += 1
+            return [1.0, 1.1]
+
+    target = Calibrated(VOCAB, seed=1)
+    draft = ContextModel(VOCAB, seed=2)
+    specdec.SpeculativeDecoder(backend=backend).generate(draft, target, PROMPT, 5, rng=0)
+    assert Calibrated.reads == 0
+    decoder = specdec.SpeculativeDecoder(draft_length="adaptive", backend=backend)
+    decoder.generate(draft, target, PROMPT, 5, rng=0)
+    assert Calibrated.reads == 1
+
+
+@pytest.mark.parametrize("policy", [AdaptiveDraftLength, PositionalDraftLength])
+@pytest.mark.parametrize(
+    "value, error, match",
+    [
+        (np.array([0.5, 0.3]), ValueError, "target_cost .*element 0 is 0.5"),
+        (np.array([[1.0, 2.0]]), ValueError, "target_cost .*shape"),
+        ([1.0, -2.0], ValueError, "target_cost"),
+        ([1.0, float("nan")], ValueError, "target_cost"),
+        ([], ValueError, "target_cost"),
+        ("fast", ValueError, "target_cost"),
+        ((0.5, -1.0), ValueError, "target_cost must be a pair"),
+        ((0.5, "x"), ValueError, "target_cost must be a pair"),
+        (3.0, TypeError, "target_cost"),
+        (["a", "b"], TypeError, "target_cost"),
+    ],
+)
+def test_bad_target_cost_is_a_clear_error(policy, value, error, match):
+    """Issue 16 item 8: an array never reaches a truth-value test."""
+    with pytest.raises(error, match=match):
+        policy(target_cost=value)
+
+
+@pytest.mark.parametrize("policy", [AdaptiveDraftLength, PositionalDraftLength])
+def test_target_cost_forms(policy):
+    assert policy(target_cost=None).target_cost is None
+    assert policy(target_cost="measured").target_cost == "measured"
+    assert policy(target_cost=(0.5, 0.25)).target_cost.drafts(2) == 2.0
+    assert policy(target_cost=np.array([1.0, 1.1])).target_cost.drafts(1) == 1.1
+
+
+# --- PositionalDraftLength ---------------------------------------------------------------
+
+
+def test_priors_fit_copies_and_spurious_matches():
+    policy = PositionalDraftLength()
+    policy.start(16, CostCurve(DEFAULT_COST_CURVE))
+    assert policy.length((0, 1), 16) == 0  # a 1-token match rarely pays
+    assert policy.length((0, 16), 16) >= 6  # a copy does
+    a = policy.acceptances((0, 2), 5)
+    assert a == sorted(a)  # conditional acceptance rises along a match
+    flat = PositionalDraftLength(target_cost=[1.0, 1.02, 1.04])
+    flat.start(16)
+    assert flat.length((0, 1), 16) > 0  # ...unless extra tokens cost next to nothing
+    assert flat.length((0, 16), 16) == 16
+
+
+def test_rejections_at_a_position_shorten_the_drafts():
+    policy = PositionalDraftLength(target_cost=[1.0, 1.1, 1.2, 1.3])
+    policy.start(16)
+    key = (0, 8)
+    initial = policy.length(key, 16)
+    assert initial >= 8
+    for _ in range(30):  # tokens 1 and 2 are kept, token 3 never is
+        policy.observe(key, 5, 2, 0.0, None)
+    assert policy.length(key, 16) == 2
+    assert policy.length((0, 9), 16) >= initial  # other evidence is another cell
+    policy.reset()
+    assert policy.length(key, 16) == initial
+
+
+def test_shadow_observations_teach_the_next_position():
+    policy = PositionalDraftLength()
+    policy.start(16)
+    key = (0, None)
+    assert policy.length(key, 4) == 0
+    for _ in range(20):  # never drafted, but the proposal's first token always matched
+        policy.observe(key, 0, 0, 0.0, True)
+    assert policy.acceptance(key, 1) > 0.9
+    assert policy.length(key, 4) > 0
+
+
+def test_the_policy_is_a_function_of_its_call_history(backend):
+    """What the policy sees is what is known before each target pass: replaying its
+    calls (keys, offers, outcomes) to a fresh policy gives the same lengths."""
+    calls = []
+
+    class Recording(PositionalDraftLength):
+        def length(self, key, offered):
+            n = super().length(key, offered)
+            calls.append(("length", key, offered, n))
+            return n
+
+        def observe(self, key, drafted, kept, seconds, shadow):
+            calls.append(("observe", key, drafted, kept, shadow))
+            super().observe(key, drafted, kept, seconds, shadow)
+
+    target = ContextModel(VOCAB, seed=3)
+    decoder = specdec.SpeculativeDecoder(draft_length=Recording(), backend=backend)
+    for seed in range(3):
+        decoder.generate(PromptLookup(), target, [1, 2, 3, 1, 2, 3, 1, 2], 40, rng=seed)
+    replay = PositionalDraftLength()
+    replay.start(10, CostCurve.of_model(target))
+    for call in calls:
+        if call[0] == "length":
+            assert replay.length(call[1], call[2]) == call[3]
+        else:
+            replay.observe(call[1], call[2], call[3], 0.0, call[4])
+    assert any(call[0] == "length" and call[3] > 0 for call in calls)
+
+
+# --- the decoder keeps its policy; drafters are not capped by the default gamma ----------
+
+
+class Hopeless(Drafter):
+    """Proposes a token the target never allows."""
+
+    num_tokens = 8
+
+    def propose(self, tokens, max_tokens):
+        return np.full(max_tokens, 4, dtype=np.int64)
+
+
+def test_the_decoder_keeps_what_its_policy_learnt_until_reset(backend):
+    target = ContextModel(VOCAB, seed=15, masked=4)
+    target.cost_curve = [1.0 + 0.05 * i for i in range(16)]  # drafts look cheap at first
+    decoder = specdec.SpeculativeDecoder(backend=backend)
+
+    def drafted():
+        _, stats = decoder.generate(Hopeless(), target, PROMPT, 60, rng=1)
+        return stats.total_draft_tokens_proposed
+
+    first = drafted()
+    assert first > 0
+    assert drafted() < first  # it remembers that these drafts are never kept
+    decoder.reset()
+    assert drafted() == first
+
+
+def test_runs_are_reproducible_given_seed_curve_and_history(backend):
+    target = ContextModel(VOCAB, seed=4)
+
+    def history():
+        decoder = specdec.SpeculativeDecoder(seed=7, backend=backend)
+        return [
+            decoder.generate(PromptLookup(), target, [1, 2, 3, 1, 2], 30)[1].draft_length_histogram
+            for _ in range(3)
+        ]
+
+    assert history() == history()
+
+
+def test_drafters_are_capped_by_their_own_num_tokens_unless_gamma_is_set(backend):
+    target = ContextModel(VOCAB, seed=5)
+    draft = ContextModel(VOCAB, seed=6)
+    default = specdec.SpeculativeDecoder(draft_length="fixed", backend=backend)
+    assert default.gamma == 4 and "gamma=4" in repr(default)
+    _, stats = default.generate(Hopeless(), target, PROMPT, 20, rng=0)
+    assert len(stats.draft_length_histogram) == 9 and stats.draft_length_histogram[8] > 0
+    _, stats = default.generate(PromptLookup(num_tokens=6), target, [1, 2] * 8, 20, rng=0)
+    assert len(stats.draft_length_histogram) == 7
+    _, stats = default.generate(draft, target, PROMPT, 20, rng=0)
+    assert len(stats.draft_length_histogram) == 5  # a draft model: the reference's 4
+    explicit = specdec.SpeculativeDecoder(4, draft_length="fixed", backend=backend)
+    _, stats = explicit.generate(Hopeless(), target, PROMPT, 20, rng=0)
+    assert len(stats.draft_length_histogram) == 5
+    default.gamma = 4  # setting it, even to 4, caps the drafters too
+    _, stats = default.generate(Hopeless(), target, PROMPT, 20, rng=0)
+    assert len(stats.draft_length_histogram) == 5
+
+
+def test_fixed_policy_still_drafts_gamma_with_a_draft_model(backend):
+    policy = FixedDraftLength()
+    policy.start(4)
+    assert policy.length((0, None), 10) == 4
