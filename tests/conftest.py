@@ -35,6 +35,18 @@ def kernels(backend):
     return kernels_for(backend)
 
 
+def pytest_configure(config):
+    # Registered here, not in pyproject.toml, because CI runs these tests from a copy
+    # outside the source tree too, where pyproject.toml is not seen.
+    config.addinivalue_line("markers", "slow: statistical tests with many runs")
+    config.addinivalue_line(
+        "markers",
+        "install: what an installation can break (import, backend selection, parity, a fast "
+        "subset of the law tests, the CLI): .ci/run's wheel and pure-Python stages run only "
+        "these (-m install); the full suite runs once per backend in the models stage",
+    )
+
+
 def pytest_report_header(config):
     return f"specdec {specdec.__version__}: default backend {specdec.BACKEND}, testing {BACKENDS}"
 

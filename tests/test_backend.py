@@ -16,6 +16,9 @@ from specdec._backend import KERNEL_FUNCTIONS, available_backends, kernels_for
 from specdec._common import LAW_DTYPE
 from specdec._validation import SamplingControls
 
+# What an installation can break: .ci/run's wheel and pure-Python stages run these (-m install).
+pytestmark = pytest.mark.install
+
 
 def test_default_backend_is_compiled_unless_pure_python_is_asked_for():
     # A missing compiled core must fail the run, not quietly test the slow path.

@@ -15,6 +15,9 @@ from specdec import cli
 from specdec.cli import bench_models, demo, demo_models, measure, ngram_data, ngram_models, output
 from specdec.cli.options import MAX_TOKENS, MAX_VOCAB
 
+# What an installation can break: .ci/run's wheel and pure-Python stages run these (-m install).
+pytestmark = pytest.mark.install
+
 # Small runs: the whole file should take seconds, not minutes.
 DEMO = ["demo", "--max-tokens", "24", "--target-latency-ms", "0.2", "--no-progress"]
 BENCH = [

@@ -329,9 +329,17 @@ def test_configs_cover_the_brief():
 TOKEN_SCHEME_IDS = ("g3eos", "g5", "g3blk")
 
 
+#: The configuration that .ci/run's install stages also run (-m install): the cheapest.
+INSTALL_CONFIG_ID = "g1"
+
+
 @pytest.mark.parametrize(
     "config, verification",
-    [(c, "block") for c in CONFIGS] + [(c, "token") for c in CONFIGS if c.id in TOKEN_SCHEME_IDS],
+    [
+        pytest.param(c, "block", marks=[pytest.mark.install] if c.id == INSTALL_CONFIG_ID else [])
+        for c in CONFIGS
+    ]
+    + [(c, "token") for c in CONFIGS if c.id in TOKEN_SCHEME_IDS],
     ids=lambda v: v.id if isinstance(v, Config) else v,
 )
 def test_joint_law_is_the_targets(backend, config, verification):

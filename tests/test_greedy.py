@@ -91,6 +91,7 @@ def _tied_rows_on_path(model, sequence, prompt_len):
     return int(sum((row == row.max()).sum() > 1 for row in rows))
 
 
+@pytest.mark.install  # greedy identity, fast: also run by .ci/run's install stages
 @pytest.mark.parametrize("verification", ["block", "token"])
 @pytest.mark.parametrize("gamma", [1, 2, 3, 4, 5, 6])
 def test_greedy_equals_argmax_decoding(backend, gamma, verification):
@@ -168,6 +169,7 @@ def test_greedy_ignores_the_other_controls(backend):
         assert ids == argmax_decode(target, prompt, 10)
 
 
+@pytest.mark.install  # greedy identity, fast: also run by .ci/run's install stages
 @pytest.mark.parametrize("target_dtype", [np.float32, np.float64])
 def test_sample_greedy_equals_argmax_decoding(backend, target_dtype):
     target, _ = make_models(target_dtype, target_dtype)

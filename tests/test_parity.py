@@ -27,10 +27,14 @@ from specdec._backend import available_backends
 from specdec._common import LAW_DTYPE
 from specdec._validation import SamplingControls
 
-pytestmark = pytest.mark.skipif(
-    "cython" not in available_backends(),
-    reason="parity needs the compiled core (pure-Python install)",
-)
+pytestmark = [
+    # what an installation can break: .ci/run's wheel stage runs these (-m install)
+    pytest.mark.install,
+    pytest.mark.skipif(
+        "cython" not in available_backends(),
+        reason="parity needs the compiled core (pure-Python install)",
+    ),
+]
 
 DTYPES = [np.float32, np.float64]
 
