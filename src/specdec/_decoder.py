@@ -17,7 +17,7 @@ from specdec._calling import ModelCaller
 from specdec._common import LAW_DTYPE, InvalidLogitsError
 from specdec._drafting import DraftRows, DraftSources
 from specdec._stats import SpeculativeDecodingStats
-from specdec._streaming import Run, TokenStream, check_streamer, consume
+from specdec._streaming import Run, TokenStream, chat, check_streamer, consume
 from specdec._validation import (
     SamplingControls,
     as_generator,
@@ -307,6 +307,52 @@ class SpeculativeDecoder:
             draft_model, target_model, prompt_ids, max_new_tokens, eos_token_id, rng
         )
         return TokenStream(next(passes), passes)
+
+    def chat(
+        self,
+        target_model,
+        messages,
+        *,
+        draft=None,
+        max_new_tokens: int = 256,
+        rng=None,
+        stream: bool = False,
+    ):
+        """The model's reply to a chat, as text: the model's own chat template applied.
+
+        The messages are formatted with the target's chat template (a GGUF's
+        ``tokenizer.chat_template``, a Hugging Face tokenizer's), the reply is
+        generated speculatively and stops at the template's end-of-turn token.
+
+        Parameters
+        ----------
+        target_model : LlamaCppModel or TransformersModel
+            A model adapter with a tokenizer and a chat template.
+        messages : list of dict
+            ``{"role": "system" | "user" | "assistant", "content": str}`` messages.
+        draft : model, Drafter or Chain, optional
+            As ``generate``'s ``draft_model``; default ``PromptLookup()``, which costs
+            nothing and pays where the reply quotes the chat (edits, summaries, code).
+        max_new_tokens : int, default 256
+            Upper bound on the reply's tokens.
+        rng : numpy.random.Generator or int, optional
+            As for :meth:`generate`.
+        stream : bool, default False
+            Return a :class:`~specdec._streaming.TextStream` (pieces of text as they
+            are made, with ``stats``) instead of the whole reply.
+
+        Returns
+        -------
+        str or TextStream
+
+        Examples
+        --------
+        >>> model = LlamaCppModel(smollm2_path(), n_ctx=2048)  # doctest: +SKIP
+        >>> chat = [{"role": "user", "content": "Fix the typo: 'teh cat sat'"}]
+        >>> for piece in decoder.chat(model, chat, stream=True):  # doctest: +SKIP
+        ...     print(piece, end="", flush=True)
+        """
+        return chat(self, target_model, messages, draft, max_new_tokens, rng, stream)
 
     def _passes(self, draft_model, target_model, prompt_ids, max_new_tokens, eos_token_id, rng):
         """The decoding loop: yields the run once checked, then each pass's final tokens.

@@ -20,7 +20,7 @@ import numpy as np
 
 from specdec._stats import SpeculativeDecodingStats
 
-__all__ = ["TokenStream", "check_streamer", "consume"]
+__all__ = ["TextStream", "TokenStream", "chat", "check_streamer", "consume"]
 
 
 class Run:
@@ -197,3 +197,120 @@ class TokenStream:
     def tokens(self) -> list:
         run = self._run
         return run.tokens[len(run.prompt) : run.length].tolist()
+
+
+class TextStream:
+    """The text of a generation as it is made: an iterator of ``str`` pieces.
+
+    Wraps a :class:`TokenStream`: each pass's tokens become text as soon as it is
+    final (never half a UTF-8 character), and the generation stops at the first stop
+    token (the chat template's end of turn, the end of sequence), whose text is not
+    included.  Returned by :meth:`specdec.SpeculativeDecoder.chat` with
+    ``stream=True``.
+
+    Parameters
+    ----------
+    tokens : TokenStream
+        The generation.
+    detokenize : callable
+        ``detokenize(list of int) -> str``, such as an adapter's ``detokenize``.
+    stop_ids : collection of int, optional
+        Tokens that end the text.
+
+    Attributes
+    ----------
+    text : str
+        The text so far.
+    ids : list of int
+        The new tokens so far, without the stop token.
+    stopped : bool
+        Whether the text ended at a stop token (rather than at the length limit).
+    """
+
+    def __init__(self, tokens: TokenStream, detokenize, stop_ids=()):
+        from specdec.models._text import IncrementalDetokenizer
+
+        self._tokens = tokens
+        self._text = IncrementalDetokenizer(detokenize)
+        self._stop_ids = np.asarray(sorted({int(t) for t in stop_ids}), dtype=np.int64)
+        self._pieces = self._generate()
+        self.ids = []
+        self.stopped = False
+
+    def _generate(self):
+        text = self._text
+        for new in self._tokens:
+            stop = np.flatnonzero(np.isin(new, self._stop_ids)) if len(self._stop_ids) else ()
+            if len(stop):
+                new = new[: stop[0]]
+                self.stopped = True
+            self.ids += new.tolist()
+            piece = text.push(new)
+            if piece:
+                yield piece
+            if self.stopped:
+                self._tokens.close()
+                break
+        piece = text.flush()
+        if piece:
+            yield piece
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def read(self) -> str:
+        """Run to the end; return the whole text."""
+        for _ in self:
+            pass
+        return self.text
+
+    def close(self) -> None:
+        """Stop the generation now."""
+        self._pieces.close()
+        self._tokens.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    @property
+    def text(self) -> str:
+        return self._text.text
+
+    @property
+    def stats(self) -> SpeculativeDecodingStats:
+        """The run's statistics (see :attr:`TokenStream.stats`)."""
+        return self._tokens.stats
+
+
+def chat(decoder, target_model, messages, draft, max_new_tokens, rng, stream):
+    """``SpeculativeDecoder.chat``: the reply to a chat, with the model's own template."""
+    missing = [
+        name
+        for name in ("encode_chat", "stop_token_ids", "detokenize")
+        if not hasattr(target_model, name)
+    ]
+    if missing:
+        raise TypeError(
+            "chat needs a model with a tokenizer and a chat template (specdec.models."
+            f"LlamaCppModel or TransformersModel); {type(target_model).__name__} lacks "
+            f"{', '.join(missing)}"
+        )
+    if not isinstance(stream, bool):
+        raise TypeError(f"stream must be True or False, got {stream!r}")
+    if draft is None:
+        from specdec.drafters import PromptLookup
+
+        draft = PromptLookup()
+    prompt = target_model.encode_chat(messages)
+    stops = target_model.stop_token_ids
+    tokens = decoder.stream(
+        draft, target_model, prompt, max_new_tokens, stops[0] if stops else None, rng=rng
+    )
+    text = TextStream(tokens, target_model.detokenize, stops)
+    return text if stream else text.read()
