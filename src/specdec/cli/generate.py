@@ -136,9 +136,21 @@ def _kind(spec: str) -> str:
     return "hf"
 
 
+def _gguf_context(args) -> int:
+    # A token is at least one byte; a chat template adds a few hundred tokens at most.
+    prompt = len(args.prompt.encode()) if args.prompt is not None else 0
+    gamma = args.gamma or max(demo.DEFAULT_GAMMA, demo.DEFAULT_DRAFTER_GAMMA)
+    return prompt + args.max_tokens + gamma + 512
+
+
 def _validate(args) -> None:
     """Checks that involve several options."""
     kind = _kind(args.model)
+    if kind == "gguf" and _gguf_context(args) > demo.MAX_GGUF_CONTEXT:
+        raise UsageError(
+            f"--prompt and --max-tokens need a context of {_gguf_context(args)} tokens; "
+            f"GGUF models here allow at most {demo.MAX_GGUF_CONTEXT}"
+        )
     if args.chat and kind == "ngram":
         raise UsageError("--chat needs a model with a chat template (smollm2, FILE.gguf, HF-DIR)")
     draft_is_model = args.draft not in DRAFTS
@@ -197,12 +209,9 @@ def _load(args) -> _Loaded:
         draft = models.draft if args.draft == "ngram" else None
         description = "byte-level n-grams of the stdlib"
     elif kind == "gguf":
-        # A token is at least one byte; the template adds a few hundred at most.
-        context = len(args.prompt.encode()) + args.max_tokens + MAX_GAMMA + 512
+        context = _gguf_context(args)
         draft_spec = "lookup" if named and args.draft != "ngram" else args.draft
-        models = demo_models.load_llama_models(
-            args.model, draft_spec, False, min(demo.MAX_GGUF_CONTEXT, context)
-        )
+        models = demo_models.load_llama_models(args.model, draft_spec, False, context)
         target, eos, detokenize = models.target, models.eos_token_id, models.target.detokenize
         draft = models.draft if args.draft == "ngram" or not named else None
         encode = lambda text: target.tokenize(text, add_bos=True)  # noqa: E731
@@ -310,6 +319,7 @@ def run_generate(args) -> int:
     """
     if args.prompt is None:
         args.prompt = sys.stdin.read()
+        _validate(args)  # the context it needs
     if not args.prompt:
         raise UsageError("the prompt is empty: the first token needs a prompt to follow")
     loaded = _load(args)
