@@ -134,8 +134,8 @@ def configure(demo) -> None:
         "--temperature",
         metavar="T",
         type=number(float, lo=0.0, what="a number >= 0"),
-        default=0.8,
-        help="sampling temperature; 0 is greedy (default: %(default)s)",
+        help="sampling temperature; 0 is greedy (default: 0.8, or 0 for a GGUF model's default "
+        "task, which a small model quotes faithfully only when greedy)",
     )
     demo.add_argument(
         "--seed",
@@ -217,6 +217,8 @@ def _validate(args) -> None:
     """Checks that involve several options (argparse checks one at a time)."""
     if args.prompt is None:
         args.prompt = DEFAULT_PROMPT if args.model == "ngram" else DEFAULT_TASK
+    if args.temperature is None:
+        args.temperature = 0.0 if args.prompt is DEFAULT_TASK else 0.8
     if args.model == "ngram":
         if args.draft_model not in (None, "ngram"):
             raise UsageError("--draft-model needs a GGUF --model (smollm2 or PATH.gguf)")
