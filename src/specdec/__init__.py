@@ -11,6 +11,11 @@ prompt lookup, token n-grams, or a ``Chain`` of them and a draft model).  Servin
 engines call the verification step alone: :func:`verify` and :func:`verify_batch`
 (``specdec.engine``).  Real models plug in through ``specdec.models``.
 
+``decoder.stream(...)`` yields each target pass's tokens as they are made (a
+:class:`TokenStream`); ``generate`` and ``sample`` take a Hugging Face-style
+``streamer=``; ``decoder.chat(model, messages)`` applies the model's chat template and
+returns text (a :class:`TextStream` of pieces with ``stream=True``).
+
 The kernels come from the compiled core (``BACKEND == "cython"``) unless
 ``SPECDEC_PUREPYTHON=1`` is set or the core was not built (``"python"``).
 """
@@ -18,6 +23,7 @@ The kernels come from the compiled core (``BACKEND == "cython"``) unless
 from specdec._backend import BACKEND, available_backends
 from specdec._decoder import SpeculativeDecoder, sample
 from specdec._stats import SpeculativeDecodingStats
+from specdec._streaming import TextStream, TokenStream
 from specdec.engine import BatchResult, verify, verify_batch
 
 __version__ = "0.2.0"
@@ -27,6 +33,8 @@ __all__ = [
     "BatchResult",
     "SpeculativeDecoder",
     "SpeculativeDecodingStats",
+    "TextStream",
+    "TokenStream",
     "__version__",
     "available_backends",
     "sample",

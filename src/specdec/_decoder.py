@@ -292,7 +292,7 @@ class SpeculativeDecoder:
 
         Returns
         -------
-        TokenStream
+        specdec.TokenStream
             Iterates over 1-D int64 arrays (the prompt is not included); its
             ``stats`` holds the run's :class:`SpeculativeDecodingStats` (the counts
             so far until the stream is exhausted).  Leaving the loop early leaves the
@@ -338,7 +338,7 @@ class SpeculativeDecoder:
         rng : numpy.random.Generator or int, optional
             As for :meth:`generate`.
         stream : bool, default False
-            Return a :class:`~specdec._streaming.TextStream` (pieces of text as they
+            Return a :class:`specdec.TextStream` (pieces of text as they
             are made, with ``stats``) instead of the whole reply.
 
         Returns

@@ -191,10 +191,12 @@ class TokenStream:
 
     @property
     def stats(self) -> SpeculativeDecodingStats:
+        """The run's statistics: the counts so far, final once the stream has ended."""
         return self._run.settle()
 
     @property
     def tokens(self) -> list:
+        """The new tokens so far, as a list of int."""
         run = self._run
         return run.tokens[len(run.prompt) : run.length].tolist()
 
@@ -280,6 +282,7 @@ class TextStream:
 
     @property
     def text(self) -> str:
+        """The text so far."""
         return self._text.text
 
     @property
