@@ -539,11 +539,14 @@ def test_demo_says_why_it_was_faster_or_not(capsys):
         "draft_length_histogram": [10, 0],
         "tokens_per_step": 1.0,
     }
-    assert "nothing was worth drafting in 10 of 10 steps" in demo.account(stats, 1.02)
+    plain = {"num_target_forward_passes": 35, "target_time": 3.5}
+    assert "nothing was worth drafting in 10 of 10 steps" in demo.account(stats, plain, 1.02)
     stats.update(total_draft_tokens_proposed=40, total_draft_tokens_accepted=30)
-    stats.update(tokens_per_step=3.5, draft_length_histogram=[0, 10])
-    assert demo.account(stats, 2.1).startswith("why faster: 3.50 tokens per target pass")
-    assert "30 of 40 drafted tokens kept" in demo.account(stats, 0.9)
+    stats.update(tokens_per_step=3.5, draft_length_histogram=[0, 10], target_time=5.0)
+    assert demo.account(stats, plain, 2.1).startswith("why faster: 3.50 tokens per target pass")
+    slower = demo.account(stats, plain, 0.7)
+    assert "30 of 40 drafted tokens kept" in slower
+    assert "a verifying pass cost 5.0x a one-token pass" in slower
 
 
 # -- generate ------------------------------------------------------------------------

@@ -441,13 +441,13 @@ def _header_lines(backend: str, description: str, prompt: str, prompt_ids) -> li
     ]
 
 
-def account(stats: dict, speedup: float | None) -> str:
+def account(stats: dict, plain: dict, speedup: float | None) -> str:
     """One line saying why speculative decoding was, or was not, faster here.
 
     Parameters
     ----------
-    stats : dict
-        The speculative run's report (``_stats_dict``).
+    stats, plain : dict
+        The speculative and the plain run's reports (``_stats_dict``).
     speedup : float or None
         Plain sampling's wall time over speculative decoding's.
 
@@ -470,10 +470,16 @@ def account(stats: dict, speedup: float | None) -> str:
             "open prompt: the text repeats nothing the drafter has seen), so both runs did "
             "the same work and the difference is timing noise"
         )
+    cost = ""
+    if passes and plain["num_target_forward_passes"] and plain["target_time"] > 0:
+        ratio = (stats["target_time"] / passes) / (
+            plain["target_time"] / plain["num_target_forward_passes"]
+        )
+        cost = f"; a verifying pass cost {ratio:.1f}x a one-token pass"
     return (
         f"why not (much) faster: {per_pass} ({kept} of {proposed} drafted tokens kept, "
-        f"{plain_steps} of {passes} steps with nothing worth drafting) did not pay for the "
-        "drafting and for the extra tokens each verifying pass evaluates"
+        f"{plain_steps} of {passes} steps with nothing worth drafting){cost}: too few tokens "
+        "per pass for what the drafting and the verifying passes cost"
     )
 
 
@@ -534,6 +540,6 @@ def _print_demo(r: dict, streamed: bool) -> None:
             f"{a['num_target_forward_passes']} target passes, same target and seed",
         ),
         row("speedup", f"{r['speedup']:7.2f}x"),
-        account(s, r["speedup"]),
+        account(s, a, r["speedup"]),
     ]
     print("\n".join(out))
