@@ -374,6 +374,7 @@ class SpeculativeDecoder:
         gamma = self.gamma
         policy = self._policy(sources)
         policy.start(gamma, getattr(target_model, "speculation_cost", None))
+        kernels = self._kernels
 
         stats = SpeculativeDecodingStats(
             accepted_length_histogram=[0] * (gamma + 1), draft_length_histogram=[0] * (gamma + 1)
@@ -382,20 +383,6 @@ class SpeculativeDecoder:
         run.callers = (draft, target)
         yield run  # checked; the clock starts with the first pass
         run.started = time.perf_counter()
-        try:
-            yield from self._speculate(
-                run, sources, draft, target, policy, controls, generator, block, gamma, eos
-            )
-        finally:
-            run.finish()
-
-    def _speculate(
-        self, run, sources, draft, target, policy, controls, generator, block, gamma, eos
-    ):
-        """Draft, verify and yield each pass's final tokens until the budget or EOS."""
-        kernels = self._kernels
-        prompt = run.prompt
-        stats = run.stats
         rows_q = DraftRows()
         work = None
         sources.start(run.sequence())
@@ -608,26 +595,23 @@ def _sampling_passes(
     run.started = time.perf_counter()
     law = np.zeros(1, LAW_DTYPE)
     weights = work = None
-    try:
-        while run.length < run.limit:
-            run.reserve(run.length + 1)
-            row = target.last_rows(run.ids[:, : run.length], 1)[0]
-            if work is None:
-                check_token_range(prompt, eos, target.vocab_size)
-                work = kernels.Workspace(target.vocab_size)
-                weights = np.empty(target.vocab_size, dtype=row.dtype)
-            try:
-                token = kernels.sample_token(row, controls, generator, law, weights, work)
-            except InvalidLogitsError as error:
-                raise target.invalid_logits(error, run.length - 1) from None
-            run.tokens[run.length] = token
-            run.length += 1
-            stats.record_step(None, 0, 0, 1)
-            run.pause_started = time.perf_counter()
-            yield run.ids[0, run.length - 1 : run.length]
-            run.paused += time.perf_counter() - run.pause_started
-            run.pause_started = None
-            if token == eos:
-                break
-    finally:
-        run.finish()
+    while run.length < run.limit:
+        run.reserve(run.length + 1)
+        row = target.last_rows(run.ids[:, : run.length], 1)[0]
+        if work is None:
+            check_token_range(prompt, eos, target.vocab_size)
+            work = kernels.Workspace(target.vocab_size)
+            weights = np.empty(target.vocab_size, dtype=row.dtype)
+        try:
+            token = kernels.sample_token(row, controls, generator, law, weights, work)
+        except InvalidLogitsError as error:
+            raise target.invalid_logits(error, run.length - 1) from None
+        run.tokens[run.length] = token
+        run.length += 1
+        stats.record_step(None, 0, 0, 1)
+        run.pause_started = time.perf_counter()
+        yield run.ids[0, run.length - 1 : run.length]
+        run.paused += time.perf_counter() - run.pause_started
+        run.pause_started = None
+        if token == eos:
+            break

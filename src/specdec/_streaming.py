@@ -135,18 +135,20 @@ def consume(run: Run, passes, streamer=None):
     ``put`` stops the loop and propagates (``end`` is not called, as in Hugging
     Face's ``generate``); the models stay consistent for the next call.
     """
-    if streamer is None:
-        for _ in passes:
-            pass
-        return run.result()
-    streamer.put(run.prompt.copy())
     try:
-        for new in passes:
-            streamer.put(new)
+        if streamer is None:
+            for _ in passes:
+                pass
+        else:
+            streamer.put(run.prompt.copy())
+            for new in passes:
+                streamer.put(new)
     finally:
-        passes.close()  # an exception in put: the loop's own cleanup runs now
+        run.finish()  # also when the loop or the streamer raised: the stats are final
+        passes.close()
     result = run.result()
-    streamer.end()
+    if streamer is not None:
+        streamer.end()
     return result
 
 
@@ -176,7 +178,11 @@ class TokenStream:
         return self
 
     def __next__(self) -> np.ndarray:
-        return next(self._passes)
+        try:
+            return next(self._passes)
+        except BaseException:  # exhausted, or the loop raised: the stats are final
+            self._run.finish()
+            raise
 
     def close(self) -> None:
         """Stop the generation now (a ``for`` loop's ``break`` needs no close)."""
