@@ -9,8 +9,8 @@ contract around it:
   (1-D int64, never empty), ``end()`` once; ``TextStreamer`` and
   ``TextIteratorStreamer`` work on a ``TransformersModel`` as they are;
 * stopping early (``break``, an exception in ``put``, Ctrl-C inside a model) leaves the
-  models consistent: a fresh call then gives a clean decoder's ids, and the stats
-  count what was produced.
+  models consistent: a new decoder on the interrupted models gives the ids of a clean
+  run, the interrupted decoder carries on, and the stats count what was produced.
 """
 
 from __future__ import annotations
@@ -117,12 +117,15 @@ def test_stream_equals_generate_for_many_seeds(backend, draft, verification, tem
 @pytest.mark.parametrize("draft, verification, temperature", CONFIGS[::3])
 def test_streamer_protocol(backend, draft, verification, temperature):
     target = ContextModel(V, seed=0, scale=2.0, period=5)
-    decoder = SpeculativeDecoder(
-        3, temperature=temperature, verification=verification, backend=backend
-    )
-    plain_ids, _ = decoder.generate(_drafts(draft), target, PROMPT, 25, rng=3)
+
+    def decoder():  # a new one per call: an adaptive draft length may learn across calls
+        return SpeculativeDecoder(
+            3, temperature=temperature, verification=verification, backend=backend
+        )
+
+    plain_ids, _ = decoder().generate(_drafts(draft), target, PROMPT, 25, rng=3)
     streamer = RecordingStreamer()
-    ids, stats = decoder.generate(_drafts(draft), target, PROMPT, 25, rng=3, streamer=streamer)
+    ids, stats = decoder().generate(_drafts(draft), target, PROMPT, 25, rng=3, streamer=streamer)
     assert ids == plain_ids
     prompt, *passes = streamer.puts
     assert prompt.dtype == np.int64 and prompt.ndim == 1 and prompt.tolist() == PROMPT
@@ -180,6 +183,12 @@ def test_stats_so_far_then_final(backend):
     assert final.num_draft_forward_passes > 0 and final.target_time > 0
 
 
+def ids_after(target, draft_kind, backend):
+    """A new decoder's ids on a target that an interrupted run used (its cache dirty)."""
+    decoder = SpeculativeDecoder(3, temperature=0.8, backend=backend)
+    return decoder.generate(_drafts(draft_kind), target, PROMPT, 40, rng=12)[0]
+
+
 def _clean_ids(draft_kind, seed, backend, max_new_tokens=40, temperature=0.8):
     decoder = SpeculativeDecoder(3, temperature=temperature, backend=backend)
     return decoder.generate(
@@ -202,12 +211,13 @@ def test_break_mid_stream_then_a_fresh_call_is_clean(backend, draft_kind, stop_a
     assert stream.stats.num_target_forward_passes == stop_after
     # The target's cache still holds this run's tokens (and maybe rejected drafts).
     assert len(target.cached_tokens) >= len(PROMPT)
-    ids, _ = decoder.generate(_drafts(draft_kind), target, PROMPT, 40, rng=12)
-    assert ids == _clean_ids(draft_kind, 12, backend)
+    assert ids_after(target, draft_kind, backend) == _clean_ids(draft_kind, 12, backend)
     # A half-consumed stream left on the side does not disturb a new call either.
     next(decoder.stream(_drafts(draft_kind), target, PROMPT[:-1], 40, rng=13))
-    ids, _ = decoder.generate(_drafts(draft_kind), target, PROMPT, 40, rng=12)
-    assert ids == _clean_ids(draft_kind, 12, backend)
+    assert ids_after(target, draft_kind, backend) == _clean_ids(draft_kind, 12, backend)
+    # The interrupted decoder itself carries on (what an adaptive length learnt is kept).
+    ids, stats = decoder.generate(_drafts(draft_kind), target, PROMPT, 40, rng=12)
+    assert len(ids) == len(PROMPT) + 40 == len(PROMPT) + stats.total_tokens_generated
 
 
 class Stop(Exception):
@@ -233,8 +243,7 @@ def test_exception_in_put_propagates_and_the_next_call_is_clean(backend, error):
     with pytest.raises(error):
         decoder.generate(_drafts("model"), target, PROMPT, 40, rng=11, streamer=streamer)
     assert streamer.ended == 0  # as in Hugging Face's generate: no end() after an error
-    ids, _ = decoder.generate(_drafts("model"), target, PROMPT, 40, rng=12)
-    assert ids == _clean_ids("model", 12, backend)
+    assert ids_after(target, "model", backend) == _clean_ids("model", 12, backend)
 
 
 class InterruptingModel(CachedToyModel):
@@ -263,8 +272,7 @@ def test_ctrl_c_inside_the_target_then_a_fresh_call_is_clean(backend):
             got += new.tolist()
     assert stream.stats.total_tokens_generated == len(got) > 0
     assert stream.stats.num_target_forward_passes == 3
-    ids, _ = decoder.generate(_drafts("model"), target, PROMPT, 40, rng=12)
-    assert ids == _clean_ids("model", 12, backend)
+    assert ids_after(target, "model", backend) == _clean_ids("model", 12, backend)
 
 
 def test_stream_close_and_context_manager(backend):
@@ -382,7 +390,8 @@ def test_transformers_interrupted_mid_forward_then_clean(tiny_hf, backend):
                 pass
     finally:
         handle.remove()
-    ids, _ = decoder.generate(PromptLookup(), target, prompt, 30, rng=2)
+    after = SpeculativeDecoder(4, temperature=0.8, backend=backend)
+    ids, _ = after.generate(PromptLookup(), target, prompt, 30, rng=2)
     expected, _ = SpeculativeDecoder(4, temperature=0.8, backend=backend).generate(
         PromptLookup(), clean, prompt, 30, rng=2
     )
