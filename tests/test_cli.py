@@ -702,3 +702,50 @@ def test_generate_smollm2_chat(capsys, backend, smollm2_installed):
     assert report["stats"]["total_draft_tokens_accepted"] > 0
     code, out, err = run([*argv, "--prompt", task], capsys)
     assert code == 0 and out.strip() and "tokens per target pass" in err.splitlines()[-1]
+
+
+def test_generate_hugging_face_directory(capsys, backend, tmp_path):
+    """A model saved with save_pretrained (no download), with and without its template."""
+    require = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
+    try:
+        import tokenizers
+        import torch
+        import transformers
+    except ImportError as exc:
+        if require:
+            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
+        pytest.skip(f"transformers and torch are not installed: {exc}")
+    torch.manual_seed(0)
+    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    core = tokenizers.Tokenizer(
+        tokenizers.models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[])
+    )
+    core.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = tokenizers.decoders.ByteLevel()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + "
+        "'<|im_end|>\n'}}{% endfor %}{% if add_generation_prompt %}"
+        "{{'<|im_start|>assistant\n'}}{% endif %}"
+    )
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            num_hidden_layers=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=258,
+            max_position_embeddings=256,
+        )
+    )
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    argv = ["generate", "--model", str(tmp_path), "--max-tokens", "12", "--backend", backend]
+    plain = run_json([*argv, "--prompt", "abc abc abc", "--draft", "none"], capsys)
+    report = run_json([*argv, "--prompt", "abc abc abc"], capsys)
+    assert report["ids"] == plain["ids"] and len(report["ids"]) <= 12
+    chat = run_json([*argv, "--prompt", "abc", "--chat"], capsys)
+    assert 257 not in chat["ids"] and isinstance(chat["text"], str)
