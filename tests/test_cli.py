@@ -642,6 +642,7 @@ def test_generate_suffix_draft_missing_is_a_one_line_failure(capsys, monkeypatch
         ["generate", "--model", "ngram", "--gamma", "0", "--prompt", "x"],
         ["generate", "--model", "ngram", "--seed", "-1", "--prompt", "x"],
         ["generate", "--model", "ngram", "--prompt", ""],
+        ["generate", "--model", ".", "--draft", "ngram", "--prompt", "x"],  # HF-DIR: no ngram
         ["generate", "--model", "ngram", "--prompt", "def f(\udc80):"],
         ["generate", "--model", "a.gguf", "--max-tokens", str(MAX_TOKENS), "--prompt", "x"],
     ],

@@ -156,6 +156,8 @@ def _validate(args) -> None:
     draft_is_model = args.draft not in DRAFTS
     if draft_is_model and kind == "ngram":
         raise UsageError("--draft FILE.gguf or HF-DIR needs a GGUF or Hugging Face --model")
+    if kind == "hf" and args.draft == "ngram":
+        raise UsageError("--draft ngram is for GGUF and n-gram models")
     if draft_is_model and _kind(args.draft) != kind:
         raise UsageError("--draft and --model must be of one kind: both GGUF or both HF-DIR")
     if args.prompt is None and sys.stdin.isatty():
@@ -222,8 +224,6 @@ def _load(args) -> _Loaded:
         encode = target.tokenize
         draft = None if named else _load_transformers(args.draft)
         description = f"{args.model} (transformers)"
-        if args.draft == "ngram":
-            raise CLIError("--draft ngram is for GGUF and n-gram models")
     if args.draft == "lookup":
         draft = PromptLookup()
     elif args.draft == "suffix":
