@@ -353,6 +353,7 @@ def run_generate(args) -> int:
         report = {
             "specdec_version": specdec.__version__,
             "model": args.model,
+            "description": loaded.description,
             "draft": args.draft,
             "chat": args.chat,
             "settings": {"max_tokens": args.max_tokens, "gamma": args.gamma, "seed": args.seed}
