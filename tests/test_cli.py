@@ -750,3 +750,15 @@ def test_generate_hugging_face_directory(capsys, backend, tmp_path):
     assert report["ids"] == plain["ids"] and len(report["ids"]) <= 12
     chat = run_json([*argv, "--prompt", "abc", "--chat"], capsys)
     assert 257 not in chat["ids"] and isinstance(chat["text"], str)
+
+
+def test_demo_smollm2_default_task_is_one_where_drafting_pays(capsys, smollm2_installed):
+    report = run_json(["demo", "--model", "smollm2", "--max-tokens", "60", "--no-progress"], capsys)
+    assert report["prompt"] == demo.DEFAULT_TASK and report["settings"]["temperature"] == 0.0
+    spec = report["speculative"]
+    # The reply quotes the text: several tokens per target pass, most drafts kept.
+    assert spec["tokens_per_step"] > 2.0 and spec["acceptance_rate"] > 0.5
+    code, out, err = run(["demo", "--model", "smollm2", "--max-tokens", "30"], capsys)
+    assert code == 0, err
+    assert "streamed as it is made ---\n" + demo.DEFAULT_TASK in out
+    assert out.count("why faster:") + out.count("why not") == 1
