@@ -34,10 +34,12 @@ PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
 
 
 class CachedToyModel(PrefixCachedModel):
-    """A ``ContextModel`` behind the adapters' prefix cache (no extra needed).
+    """A toy model behind the adapters' prefix cache, whose logits depend on the cache.
 
-    Its cache holds rows computed for earlier sequences; a test that breaks off a
-    stream leaves rows of rejected drafts in it, exactly as a real adapter would.
+    Like a key/value cache, the cache holds a state per position, computed from all the
+    tokens before it; a call continues from the cached states.  A cache that holds
+    states of tokens other than the sequence's (not rolled back, torn by an
+    interruption) gives other logits, so the consistency tests below can fail.
     """
 
     def __init__(self, seed=0):
@@ -45,6 +47,7 @@ class CachedToyModel(PrefixCachedModel):
         self.inner = ContextModel(V, seed=seed, scale=2.0, period=5)
         self.vocab_size = V
         self._ids = np.zeros(0, dtype=np.int64)
+        self._states = np.zeros(0, dtype=np.int64)
 
     def _cached_ids(self):
         return self._ids
@@ -53,11 +56,18 @@ class CachedToyModel(PrefixCachedModel):
         return min(n_common, length - n_rows)
 
     def _roll_back(self, n_keep):
-        self._ids = self._ids[:n_keep]
+        self._ids, self._states = self._ids[:n_keep], self._states[:n_keep]
 
     def _evaluate(self, seq, start, n_rows):
-        self._ids = seq.copy()
-        return self.inner.forward(seq[None])[:, -n_rows:].astype(np.float32)
+        states = self._states[:start].tolist()
+        state = states[-1] if states else 0
+        for token in seq[start:]:
+            state = (state * 7 + int(token) + 1) % V
+            states.append(state)
+        self._ids, self._states = seq.copy(), np.array(states, dtype=np.int64)
+        previous = np.array([V, *states[:-1]])[-n_rows:]
+        positions = np.arange(len(seq))[-n_rows:] % self.inner.period
+        return self.inner.table[previous, seq[-n_rows:], positions][None].astype(np.float32)
 
 
 def _drafts(kind):
@@ -247,23 +257,32 @@ def test_exception_in_put_propagates_and_the_next_call_is_clean(backend, error):
 
 
 class InterruptingModel(CachedToyModel):
-    """Raises KeyboardInterrupt in the middle of its ``n``-th evaluation."""
+    """Raises KeyboardInterrupt in the middle of its ``n``-th evaluation.
 
-    def __init__(self, n):
+    The cache's states are clobbered when it stops.  A correct adapter then drops the
+    cache it cannot trust (``TransformersModel`` does); ``keep_torn_cache`` keeps it,
+    the negative control that shows the test can fail.
+    """
+
+    def __init__(self, n, keep_torn_cache=False):
         super().__init__()
-        self.n = n
+        self.n, self.keep_torn_cache = n, keep_torn_cache
         self.evaluations = 0
 
     def _evaluate(self, seq, start, n_rows):
         self.evaluations += 1
         if self.evaluations == self.n:
-            self._ids = seq[: (start + len(seq)) // 2].copy()  # half done: a torn cache
+            # Stopped while writing: the whole sequence claimed, the states clobbered.
+            self._ids, self._states = seq.copy(), np.zeros(len(seq), dtype=np.int64)
+            if not self.keep_torn_cache:
+                self._roll_back(0)
             raise KeyboardInterrupt
         return super()._evaluate(seq, start, n_rows)
 
 
-def test_ctrl_c_inside_the_target_then_a_fresh_call_is_clean(backend):
-    target = InterruptingModel(4)
+@pytest.mark.parametrize("keep_torn_cache", [False, True])
+def test_ctrl_c_inside_the_target_then_a_fresh_call_is_clean(backend, keep_torn_cache):
+    target = InterruptingModel(4, keep_torn_cache)
     decoder = SpeculativeDecoder(3, temperature=0.8, backend=backend)
     stream = decoder.stream(_drafts("model"), target, PROMPT, 40, rng=11)
     got = []
@@ -272,7 +291,11 @@ def test_ctrl_c_inside_the_target_then_a_fresh_call_is_clean(backend):
             got += new.tolist()
     assert stream.stats.total_tokens_generated == len(got) > 0
     assert stream.stats.num_target_forward_passes == 3
-    assert ids_after(target, "model", backend) == _clean_ids("model", 12, backend)
+    # The same seed again walks into the positions the interrupted pass was evaluating.
+    ids, _ = SpeculativeDecoder(3, temperature=0.8, backend=backend).generate(
+        _drafts("model"), target, PROMPT, 40, rng=11
+    )
+    assert (ids == _clean_ids("model", 11, backend)) != keep_torn_cache
 
 
 def test_stream_close_and_context_manager(backend):
