@@ -324,7 +324,9 @@ def run_demo(args) -> int:
     if not args.json:  # the speculative run is shown as it is made: the text is its progress
         print("\n".join(_header_lines(backend, loaded.description, args.prompt, prompt_ids)))
         print(
-            f"--- prompt + speculative decoding, streamed as it is made ---\n{args.prompt}", end=""
+            "--- prompt + speculative decoding, streamed as it is made ---\n"
+            + printable(args.prompt + _reply_separator(loaded.info)),
+            end="",
         )
         streamer = IncrementalDetokenizer(loaded.decode, on_text=_write)
     try:
@@ -427,6 +429,11 @@ def _exactness_lines(r: dict) -> list[str]:
     ]
 
 
+def _reply_separator(info: dict) -> str:
+    """A chat model's reply starts a new line (its template's turn header is not shown)."""
+    return "\n" if info.get("chat_template") else ""
+
+
 def _write(piece: str) -> None:
     sys.stdout.write(printable(piece))
     sys.stdout.flush()
@@ -490,13 +497,13 @@ def _print_demo(r: dict, streamed: bool) -> None:
         out += [
             *_header_lines(r["backend"], r["model"]["description"], r["prompt"], range(0)),
             f"--- prompt + {s['total_tokens_generated']} tokens from speculative decoding ---",
-            printable(r["prompt"] + s["text"]),
+            printable(r["prompt"] + _reply_separator(r["model"]) + s["text"]),
         ]
         out[2] = f"prompt: {r['prompt']!r} ({r['prompt_tokens']} tokens)"
     out += [
         f"--- prompt + {a['total_tokens_generated']} tokens from plain sampling (the target "
         "alone) ---",
-        printable(r["prompt"] + a["text"]),
+        printable(r["prompt"] + _reply_separator(r["model"]) + a["text"]),
         "--- end ---",
         *_exactness_lines(r),
         "",
