@@ -21,7 +21,7 @@ from specdec._streaming import TextStream
 from specdec.cli import demo, demo_models
 from specdec.cli.options import MAX_GAMMA, MAX_SEED, MAX_TOKENS, CLIError, UsageError, number
 from specdec.cli.output import print_json, printable, stderr_line
-from specdec.drafters import Drafter, PromptLookup
+from specdec.drafters import Drafter, PromptLookup, SuffixDrafter
 from specdec.models._text import IncrementalDetokenizer
 
 __all__ = ["configure", "run_generate", "DRAFTS"]
@@ -174,16 +174,6 @@ class _Loaded:
     description: str
 
 
-def _suffix_drafter():
-    try:
-        from specdec.drafters import SuffixDrafter
-    except ImportError:
-        raise CLIError(
-            "--draft suffix needs specdec.drafters.SuffixDrafter, missing here"
-        ) from None
-    return SuffixDrafter()
-
-
 def _load_transformers(path: str):
     torch_hint = f"--model {path} needs transformers and torch; install them with: "
     try:
@@ -227,7 +217,7 @@ def _load(args) -> _Loaded:
     if args.draft == "lookup":
         draft = PromptLookup()
     elif args.draft == "suffix":
-        draft = _suffix_drafter()
+        draft = SuffixDrafter()
     return _Loaded(target, draft, encode, detokenize, eos, description)
 
 
