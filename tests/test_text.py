@@ -351,4 +351,9 @@ def test_transformers_tokenizer_template(backend):
     text = SpeculativeDecoder(temperature=0.0, backend=backend).chat(
         adapter, chat, draft=PromptLookup(), max_new_tokens=12
     )
-    assert isinstance(text, str) and "\ufffd" not in text
+    # The model is untrained, so its bytes need not be valid UTF-8: the text must be
+    # what the tokenizer itself decodes from the same greedy ids, stopped at end of turn.
+    plain, _ = specdec.sample(adapter, ids, 12, temperature=0.0, backend=backend)
+    new = plain[len(ids) :]
+    new = new[: new.index(257)] if 257 in new else new
+    assert isinstance(text, str) and text == tokenizer.decode(new)
