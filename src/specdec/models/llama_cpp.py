@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from specdec.models._cached import PrefixCachedModel
+from specdec.models._llama_batch import TokenBatch
 from specdec.models._optional import import_optional
 
 __all__ = ["LlamaCppModel", "smollm2_path"]
@@ -137,6 +138,7 @@ class LlamaCppModel(PrefixCachedModel):
         # smallest of the three is how long a sequence can be.
         self._n_ctx = min(int(llama.n_ctx()), len(llama.input_ids), len(llama.scores))
         self.min_eval_tokens = int(min_eval_tokens)
+        self._batch = TokenBatch(llama_cpp, int(llama.n_batch))
 
     @staticmethod
     def _has_logits_all(llama: Any) -> bool:
@@ -168,10 +170,18 @@ class LlamaCppModel(PrefixCachedModel):
     def _first_to_evaluate(self, n_common: int, length: int, n_rows: int) -> int:
         # Rows of ``scores`` below the common prefix were computed from the same
         # tokens as now, so they are still valid: a call whose sequence is all
-        # cached evaluates nothing.  Otherwise evaluate at least min_eval_tokens.
-        if n_common < length:
-            return min(n_common, max(0, length - self.min_eval_tokens))
-        return n_common
+        # cached evaluates nothing.  But only the rows asked for are computed (see
+        # _evaluate): a wanted row that was not starts the evaluation there.
+        # When there is something to evaluate, evaluate at least min_eval_tokens.
+        start = n_common
+        first_row = length - n_rows
+        if first_row < start:
+            missing = np.flatnonzero(np.isnan(self.llama.scores[first_row:start, 0]))
+            if missing.size:
+                start = first_row + int(missing[0])
+        if start < length:
+            start = min(start, max(0, length - self.min_eval_tokens))
+        return start
 
     def _remove_from_cache(self, start: int) -> bool:
         """Remove KV-cache entries at positions ``>= start``; ``False`` if impossible.
@@ -216,12 +226,31 @@ class LlamaCppModel(PrefixCachedModel):
     # -- public API --------------------------------------------------------
 
     def _evaluate(self, seq: np.ndarray, start: int, n_rows: int) -> np.ndarray:
+        llama = self.llama
         length = seq.shape[0]
+        first_row = length - n_rows
         if start < length:
-            self.llama.eval(seq[start:].tolist())
+            tokens = seq[start:].astype(np.int32)
+            ctx = llama.ctx
+            for begin in range(start, length, self._batch.capacity):
+                end = min(length, begin + self._batch.capacity)
+                # Ask llama.cpp for the wanted rows only (at least one per batch).
+                first_output = min(max(first_row, begin), end - 1)
+                self._batch.decode(
+                    ctx, tokens[begin - start : end - start], begin, first_output - begin
+                )
+                # Keep the Llama object's own record right (see Notes): its tokens,
+                # the rows computed, and a NaN in the first column of each row that
+                # was not computed, so that no later call takes it for a valid one.
+                llama.input_ids[begin:end] = tokens[begin - start : end - start]
+                llama.scores[first_output:end] = self._batch.logits(
+                    ctx, end - first_output, self.vocab_size
+                )
+                llama.scores[begin:first_output, 0] = np.nan
+                llama.n_tokens = end
         # np.array copies: a view into llama.scores would change under the
         # caller's feet at the next evaluation.
-        return np.array(self.llama.scores[length - n_rows : length], dtype=np.float32)[None]
+        return np.array(llama.scores[first_row:length], dtype=np.float32)[None]
 
     # -- text ------------------------------------------------------------------
 
