@@ -134,9 +134,10 @@ class LlamaCppModel(PrefixCachedModel):
     llama-cpp-python``) gives bit-identical logits alone and in batches, and
     then speculative greedy decoding equals plain greedy decoding with the
     default ``min_eval_tokens=1``.  The adapter checks which build it has at
-    its first use (eight positions evaluated one at a time, in two batches of
-    4 and in one batch of 8, then the cache rolled back: about 17 one-token
-    passes, 0.1-0.2 s for SmolLM2-135M here) and says so in
+    its first use (eight positions evaluated one at a time, the first four in
+    one batch and all eight in another, then the cache rolled back: measured 14
+    to 19 one-token passes with one batch thread, 0.1-0.6 s for SmolLM2-135M
+    here, more when batches on all cores stall on a loaded machine) and says so in
     :attr:`batch_invariant`, with a :class:`BatchVarianceWarning` when it is
     False.
 
@@ -272,13 +273,11 @@ class LlamaCppModel(PrefixCachedModel):
                 base = 0
                 seq = probe
             alone = [self._evaluate(seq[: base + i + 1], base + i, 1)[0, 0] for i in range(n)]
-            for size in _INVARIANCE_BATCHES:
+            for size in _INVARIANCE_BATCHES:  # the first `size` positions in one batch
                 self._roll_back(base)
-                for begin in range(0, n, size):
-                    end = base + begin + size
-                    batched = self._evaluate(seq[:end], base + begin, size)[0]
-                    if not np.array_equal(batched, alone[begin : begin + size]):
-                        return False
+                batched = self._evaluate(seq[: base + size], base, size)[0]
+                if not np.array_equal(batched, np.array(alone[:size])):
+                    return False
             return True
         finally:
             self._roll_back(base)
