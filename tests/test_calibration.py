@@ -273,3 +273,19 @@ def test_llama_computes_only_the_rows_asked_for(smol):
     judge.reset()
     np.testing.assert_array_equal(three, judge.forward(np.array([prompt]), logits_to_keep=3))
     np.testing.assert_array_equal(three[:, -1], last[:, -1])
+
+
+def test_llama_rows_across_several_batches(smollm2, smol):
+    # n_batch=64: a 150-token sequence is evaluated in three llama_decode calls, and
+    # the 70 rows asked for start in the first of them.
+    chunked = models.LlamaCppModel(smollm2, n_batch=64, **LLAMA_KW)
+    chunked._batch_invariant = smol._batch_invariant = True  # not what is tested here
+    seq = np.array([(np.arange(150) * 37 % 1000 + 10).tolist()])
+    rows = chunked.forward(seq, logits_to_keep=70)
+    assert chunked.n_evaluated_tokens == 150 and not np.isnan(rows).any()
+    smol.reset()
+    np.testing.assert_allclose(rows, smol.forward(seq, logits_to_keep=70), atol=1e-3)
+    # Asking for all rows re-evaluates the ones never computed, across batches too.
+    everything = chunked.forward(seq)
+    assert chunked.n_evaluated_tokens == 300
+    np.testing.assert_allclose(everything[:, -70:], rows, atol=1e-3)
