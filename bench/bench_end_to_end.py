@@ -31,14 +31,20 @@ only these): ``SPECDEC_E2E_TOKENS`` (new tokens, default 96), ``SPECDEC_E2E_REPE
 (3), ``SPECDEC_E2E_PROMPTS`` (prompts per set, default all), ``SPECDEC_E2E_TEMPERATURES``
 (``0,0.7``), ``SPECDEC_E2E_BACKENDS`` (``llama,transformers``), ``SPECDEC_E2E_KINDS``
 (run kinds, default all), ``SPECDEC_E2E_GAMMA`` (most drafted tokens per step, 10),
-``SPECDEC_E2E_THREADS`` (1), ``SPECDEC_E2E_HF_DIR`` (where the transformers copy of the
+``SPECDEC_E2E_THREADS`` (1), ``SPECDEC_E2E_BATCH_THREADS`` (0: llama-cpp-python's
+default), ``SPECDEC_E2E_HF_DIR`` (where the transformers copy of the
 weights is kept, see :func:`load_transformers`).
 
 How it measures
 ---------------
-* One thread everywhere (``n_threads=1`` for llama.cpp, ``torch.set_num_threads(1)``):
-  with as many threads as cores, llama.cpp's OpenMP barriers stall for hundreds of
-  milliseconds whenever another process takes a core of this shared 2-core machine.
+* Threads: ``n_threads=1`` for llama.cpp's single tokens with llama-cpp-python's
+  default ``n_threads_batch`` (all cores) for its batches, the setting users get
+  (``--batch-threads 1`` gives the worst case for speculation), and
+  ``torch.set_num_threads(1)``: with as many threads as cores for every pass,
+  llama.cpp's OpenMP barriers stall for hundreds of milliseconds whenever another
+  process takes a core of this shared 2-core machine.  The report's first line
+  states the settings, as read back from the models, and the load average before
+  and after.
 * llama.cpp: decoding only.  Before the clock starts, the model's cache holds the
   prompt except its last token, for every method alike; each method evaluates that
   last token itself and then generates.  (Prompt processing is the same batch for
@@ -80,7 +86,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import os
 import platform
 import statistics
@@ -96,9 +101,11 @@ if str(HERE) not in sys.path:  # prompts.py lives beside this file
     sys.path.insert(0, str(HERE))
 
 import prompts as prompt_sets  # noqa: E402
+from e2e_report import markdown  # noqa: E402
 
 import specdec  # noqa: E402
 from specdec import models  # noqa: E402
+from specdec.drafters import Chain, HeuristicDraftLength, NGram, PromptLookup  # noqa: E402
 
 #: The chat template's end-of-turn token, SmolLM2's EOS (``<|im_end|>``).
 EOS = 2
@@ -127,21 +134,6 @@ TRANSFORMERS_DEFAULT = ("sample", "lookup", "chain", "hf", "hf-lookup")
 #: Kinds run only greedily by default: they exist to measure greedy identity.
 GREEDY_ONLY = ("sample-min2", "lookup-min2")
 
-KIND_LABELS = {
-    "sample": "specdec.sample (baseline)",
-    "lookup": "specdec + PromptLookup",
-    "ngram": "specdec + NGram",
-    "chain": "specdec + Chain(PromptLookup, NGram)",
-    "lookup-heuristic": "specdec + PromptLookup, HF heuristic length",
-    "lookup-fixed": "specdec + PromptLookup, fixed length",
-    "sample-min2": "specdec.sample, min_eval_tokens=2",
-    "lookup-min2": "specdec + PromptLookup, min_eval_tokens=2",
-    "lcpp": "llama-cpp-python create_completion",
-    "lcpp-lookup": "llama-cpp-python LlamaPromptLookupDecoding(10)",
-    "hf": "HF generate",
-    "hf-lookup": "HF generate, prompt_lookup_num_tokens=10",
-}
-
 
 def _env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
@@ -163,6 +155,9 @@ class Config:
     kinds: list = field(default_factory=lambda: _env_list("SPECDEC_E2E_KINDS", ""))
     gamma: int = field(default_factory=lambda: int(os.environ.get("SPECDEC_E2E_GAMMA", 10)))
     threads: int = field(default_factory=lambda: int(os.environ.get("SPECDEC_E2E_THREADS", 1)))
+    batch_threads: int = field(
+        default_factory=lambda: int(os.environ.get("SPECDEC_E2E_BATCH_THREADS", 0))
+    )
 
     def prompt_items(self) -> list[tuple[str, str, str]]:
         """``(set name, prompt name, text)`` of the prompts to run."""
@@ -187,34 +182,6 @@ class Config:
 
 
 # --- optional parts -----------------------------------------------------------------------
-
-
-def drafters_available() -> str | None:
-    """None when specdec has drafters and the decoder takes them, else why not."""
-    try:
-        from specdec.drafters import NGram, PromptLookup  # noqa: F401
-
-        _chain_class()
-        _length_classes()
-    except ImportError as error:
-        return f"specdec.drafters is not available yet ({error})"
-    return None
-
-
-def _chain_class():
-    try:
-        from specdec.drafters import Chain
-    except ImportError:
-        from specdec.drafters.chain import Chain
-    return Chain
-
-
-def _length_classes():
-    try:
-        from specdec.drafters import HeuristicDraftLength
-    except ImportError:
-        from specdec.drafters.length import HeuristicDraftLength
-    return HeuristicDraftLength
 
 
 def llama_available() -> str | None:
@@ -345,8 +312,13 @@ class Bench:
         if "llama" in backends:
             # One Llama serves every llama.cpp kind (the adapters and llama-cpp-python
             # itself), so that they share weights, threads and context settings.
+            # n_threads_batch=None: llama-cpp-python's default (all cores), the users' one.
             self.target = models.LlamaCppModel(
-                path, n_ctx=2048, n_threads=config.threads, n_threads_batch=config.threads, seed=0
+                path,
+                n_ctx=2048,
+                n_threads=config.threads,
+                n_threads_batch=config.batch_threads or None,
+                seed=0,
             )
             self.llama = self.target.llama
             self.target_min2 = models.LlamaCppModel(self.llama, min_eval_tokens=2)
@@ -377,8 +349,6 @@ class Bench:
 
     def trained_ngram(self):
         """A fresh copy of the n-gram drafter trained on ``prompts.ngram_training_texts``."""
-        from specdec.drafters import NGram
-
         if self._ngram is None:
             self._ngram = NGram.train(
                 prompt_sets.ngram_training_texts(), lambda text: self._tokenize(text, False)
@@ -386,20 +356,18 @@ class Bench:
         return copy.deepcopy(self._ngram)
 
     def drafter(self, kind: str):
-        from specdec.drafters import PromptLookup
-
         if kind in ("lookup", "lookup-heuristic", "lookup-fixed", "lookup-min2"):
             return PromptLookup()
         if kind == "ngram":
             return self.trained_ngram()
         if kind == "chain":
-            return _chain_class()(PromptLookup(), self.trained_ngram())
+            return Chain(PromptLookup(), self.trained_ngram())
         raise ValueError(kind)
 
     def decoder(self, kind: str, temperature: float):
         length = "auto"
         if kind == "lookup-heuristic":
-            length = _length_classes()()
+            length = HeuristicDraftLength()
         elif kind == "lookup-fixed":
             length = "fixed"
         return specdec.SpeculativeDecoder(
@@ -610,254 +578,7 @@ class Bench:
         set_name = next(s for s, n, _ in self.config.prompt_items() if n == name)
         for temperature in self.config.temperatures:
             for kind in self.config.kinds_for(backend, temperature):
-                if kind_skipped(kind):
-                    continue
                 self.run(backend, set_name, name, temperature, kind, 0, tokens=16)
-
-
-def _policy_cost_model():
-    try:
-        from specdec.drafters.length import DEFAULT_TARGET_COST
-    except ImportError:
-        return None
-    return DEFAULT_TARGET_COST
-
-
-def kind_skipped(kind: str) -> str | None:
-    """Why a run kind cannot run here (None if it can)."""
-    if kind in ("sample", "sample-min2", "lcpp", "lcpp-lookup", "hf", "hf-lookup"):
-        return None
-    return drafters_available()
-
-
-# --- summaries --------------------------------------------------------------------------------
-
-
-def _geomean(values) -> float:
-    values = [v for v in values if v > 0]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
-
-
-def _fmt(value, digits=2) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    return f"{value:.{digits}f}"
-
-
-def cells(records: list[Record]) -> dict:
-    """Records grouped by (backend, temperature, set, kind, prompt)."""
-    grouped: dict = {}
-    for r in records:
-        grouped.setdefault((r.backend, r.temperature, r.set, r.kind, r.prompt), []).append(r)
-    return grouped
-
-
-def summary(records: list[Record]) -> dict:
-    """Per (backend, temperature, set, kind): speeds, ratios, passes, acceptance, identity."""
-    grouped = cells(records)
-    out: dict = {}
-    for (backend, temperature, set_name, kind, prompt), runs in grouped.items():
-        key = (backend, temperature, set_name, kind)
-        entry = out.setdefault(key, {"prompts": {}, "runs": []})
-        speed = statistics.median(r.tokens_per_second for r in runs)
-        base_runs = grouped.get((backend, temperature, set_name, "sample", prompt), [])
-        base = statistics.median(r.tokens_per_second for r in base_runs) if base_runs else None
-        speeds = [r.tokens_per_second for r in runs]
-        entry["prompts"][prompt] = {
-            "tokens_per_second": speed,
-            "ratio": speed / base if base else None,
-            "spread": (max(speeds) / min(speeds)) if min(speeds) > 0 else None,
-        }
-        entry["runs"] += runs
-    for key, entry in out.items():
-        backend, temperature, set_name, kind = key
-        runs = entry["runs"]
-        per_prompt = entry["prompts"].values()
-        entry["tokens_per_second"] = _geomean(p["tokens_per_second"] for p in per_prompt)
-        ratios = [p["ratio"] for p in per_prompt if p["ratio"] is not None]
-        entry["ratio"] = _geomean(ratios) if ratios else None
-        entry["ratio_min"] = min(ratios) if ratios else None
-        entry["ratio_max"] = max(ratios) if ratios else None
-        entry["tokens_per_pass"] = (
-            sum(r.tokens for r in runs) / sum(r.passes for r in runs)
-            if sum(r.passes for r in runs)
-            else None
-        )
-        drafted = sum(r.drafted for r in runs)
-        entry["acceptance"] = sum(r.kept for r in runs) / drafted if drafted else None
-        entry["tokens"] = sum(r.tokens for r in runs)
-        hist: list = []
-        for r in runs:
-            for i, c in enumerate(r.draft_hist):
-                if i >= len(hist):
-                    hist.append(0)
-                hist[i] += c
-        entry["draft_hist"] = hist
-        entry["identical"] = None
-        if temperature == 0 and kind != "sample":
-            # A min_eval_tokens=2 run is compared with plain decoding at the same
-            # setting (never a token evaluated alone), the others with the baseline.
-            baseline = (
-                "sample-min2" if kind.endswith("-min2") and kind != "sample-min2" else "sample"
-            )
-            entry["identical"] = identity(records, backend, set_name, kind, baseline)
-    return out
-
-
-def identity(records, backend, set_name, kind, baseline="sample"):
-    """(identical, compared) greedy outputs of ``kind`` against ``baseline``'s, per run."""
-    base = {
-        (r.prompt, r.repeat): r
-        for r in records
-        if r.backend == backend and r.temperature == 0 and r.set == set_name and r.kind == baseline
-    }
-    same = total = 0
-    for r in records:
-        if (r.backend, r.temperature, r.set, r.kind) != (backend, 0.0, set_name, kind):
-            continue
-        b = base.get((r.prompt, r.repeat))
-        if b is None:
-            continue
-        total += 1
-        if r.output and b.output:
-            same += r.output == b.output
-        else:  # llama-cpp-python: compare texts (its tokens are not returned)
-            same += r.text == b.text
-    return same, total
-
-
-def markdown(records: list[Record], config: Config, meta: dict) -> str:
-    """The Markdown report: one ratio table per backend and temperature, then details."""
-    summ = summary(records)
-    lines = []
-    sets = list(prompt_sets.PROMPT_SETS)
-    backends = [b for b in ("llama", "transformers") if any(k[0] == b for k in summ)]
-    lines.append(
-        f"Load average before / after: {meta.get('load_before')} / "
-        f"{meta.get('load_after')}; {meta.get('threads_note', '')}"
-    )
-    lines.append("")
-    for backend in backends:
-        for temperature in config.temperatures:
-            kinds = [
-                k
-                for k in config.kinds_for(backend, temperature)
-                if any(key == (backend, temperature, s, k) for key in summ for s in sets)
-            ]
-            if not kinds:
-                continue
-            title = "llama.cpp" if backend == "llama" else "transformers (PyTorch, CPU)"
-            mode = "greedy" if temperature == 0 else f"temperature {temperature}"
-            lines.append(f"### {title}, {mode}")
-            lines.append("")
-            head = "| run |"
-            rule = "|---|"
-            for s in sets:
-                head += f" {s} tok/s | ratio (min-max) | tok/pass | accept |"
-                rule += "---:|---:|---:|---:|"
-            if temperature == 0:
-                head += " greedy identical |"
-                rule += "---:|"
-            lines += [head, rule]
-            for kind in kinds:
-                row = f"| {KIND_LABELS.get(kind, kind)} |"
-                same = total = 0
-                for s in sets:
-                    e = summ.get((backend, temperature, s, kind))
-                    if e is None:
-                        row += " — | — | — | — |"
-                        continue
-                    ratio = (
-                        f"{_fmt(e['ratio'])} ({_fmt(e['ratio_min'])}-{_fmt(e['ratio_max'])})"
-                        if e["ratio"] is not None
-                        else "—"
-                    )
-                    row += (
-                        f" {_fmt(e['tokens_per_second'], 1)} | {ratio} |"
-                        f" {_fmt(e['tokens_per_pass'])} | {_fmt(e['acceptance'])} |"
-                    )
-                    if e["identical"]:
-                        same += e["identical"][0]
-                        total += e["identical"][1]
-                if temperature == 0:
-                    row += f" {same}/{total} |" if total else " — |"
-                lines.append(row)
-            lines.append("")
-            if temperature == 0:
-                lines.append(
-                    "Greedy identical: runs whose output equals plain decoding's "
-                    "token for token (by text for llama-cpp-python); a "
-                    "`min_eval_tokens=2` run is compared with plain decoding at "
-                    "that setting."
-                )
-                lines.append("")
-    curves = meta.get("cost_curves") or {}
-    if curves:
-        sizes = list(next(iter(curves.values()))[0]["relative"])
-        lines.append(
-            "#### Cost of a target pass over k tokens, relative to one token "
-            "(before / after the runs)"
-        )
-        lines.append("")
-        lines.append("| backend | one token (ms) | " + " | ".join(f"k={k}" for k in sizes) + " |")
-        lines.append("|---|---:|" + "---:|" * len(sizes))
-        for backend, measured in curves.items():
-            for when, curve in zip(("before", "after"), measured, strict=False):
-                rel = curve["relative"]
-                lines.append(
-                    f"| {backend} ({when}) | {curve['one_token_ms']:.1f} | "
-                    + " | ".join(f"{rel[k]:.2f}" for k in rel)
-                    + " |"
-                )
-        model = _policy_cost_model()
-        if model:
-            overhead, per_token = model
-            lines.append(
-                "| AdaptiveDraftLength's default model | | "
-                + " | ".join(
-                    f"{1.0 if int(k) == 1 else 1 + overhead + per_token * (int(k) - 1):.2f}"
-                    for k in sizes
-                )
-                + " |"
-            )
-        lines.append("")
-    # per-prompt ratios and draft-length histograms
-    lines.append("#### Per prompt: ratio to the baseline (median tokens/s over repeats)")
-    lines.append("")
-    for backend in backends:
-        for temperature in config.temperatures:
-            kinds = [
-                k
-                for k in config.kinds_for(backend, temperature)
-                if k != "sample"
-                and any(key[0] == backend and key[1] == temperature and key[3] == k for key in summ)
-            ]
-            if not kinds:
-                continue
-            lines.append(f"{backend}, T={temperature}:")
-            lines.append("")
-            lines.append("| prompt | baseline tok/s | " + " | ".join(kinds) + " |")
-            lines.append("|---|---:|" + "---:|" * len(kinds))
-            for s in sets:
-                base = summ.get((backend, temperature, s, "sample"))
-                if base is None:
-                    continue
-                for prompt in base["prompts"]:
-                    row = f"| {prompt} | {_fmt(base['prompts'][prompt]['tokens_per_second'], 1)} |"
-                    for k in kinds:
-                        e = summ.get((backend, temperature, s, k))
-                        p = e["prompts"].get(prompt) if e else None
-                        row += f" {_fmt(p['ratio']) if p else '—'} |"
-                    lines.append(row)
-            lines.append("")
-    lines.append("#### Draft lengths chosen (histogram: entry n = steps that drafted n tokens)")
-    lines.append("")
-    for key, e in sorted(summ.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3])):
-        if e["draft_hist"] and any(e["draft_hist"][1:]):
-            backend, temperature, s, kind = key
-            lines.append(f"- {backend} T={temperature} {s} {kind}: {e['draft_hist']}")
-    lines.append("")
-    return "\n".join(lines)
 
 
 # --- pytest-benchmark ----------------------------------------------------------------------------
@@ -915,9 +636,6 @@ if pytest is not None:
         why = llama_available() if backend == "llama" else transformers_available()
         if why:
             pytest.skip(why)
-        why = kind_skipped(kind)
-        if why:
-            pytest.skip(why)
         bench = _session_bench(backend)
         records = []
         repeats = iter(range(bench.config.repeats))
@@ -955,6 +673,22 @@ def _load() -> str:
         return "?"
 
 
+def threads_note(bench: Bench, config: Config) -> str:
+    """The thread settings every run used, as read back from the models."""
+    notes = []
+    if bench.llama is not None:
+        notes.append(
+            f"llama.cpp n_threads={bench.llama.n_threads}, "
+            f"n_threads_batch={bench.llama.n_threads_batch}"
+            + (" (llama-cpp-python's default)" if not config.batch_threads else "")
+        )
+    if bench.hf_model is not None:
+        import torch
+
+        notes.append(f"torch threads={torch.get_num_threads()}")
+    return "; ".join(notes) + f"; {os.cpu_count()} cores"
+
+
 def run_all(config: Config, progress=print, checkpoint=None) -> tuple[list[Record], dict]:
     """Every run of ``config``, interleaved; returns the records and run metadata.
 
@@ -974,17 +708,9 @@ def run_all(config: Config, progress=print, checkpoint=None) -> tuple[list[Recor
         "machine": platform.processor() or platform.machine(),
         "config": asdict(config),
         "specdec_backend": specdec.BACKEND,
-        "threads_note": (
-            f"llama.cpp n_threads={config.threads}, torch.set_num_threads({config.threads})"
-        ),
     }
-    for kind in sorted(
-        {k for b in backends for t in config.temperatures for k in config.kinds_for(b, t)}
-    ):
-        why = kind_skipped(kind)
-        if why:
-            progress(f"skipping {kind}: {why}")
     bench = Bench(config, backends)
+    meta["threads_note"] = threads_note(bench, config)
     meta["cost_curves"] = {}
     for backend in backends:
         started = time.perf_counter()
@@ -999,8 +725,6 @@ def run_all(config: Config, progress=print, checkpoint=None) -> tuple[list[Recor
             for backend in backends:
                 for temperature in config.temperatures:
                     for kind in config.kinds_for(backend, temperature):
-                        if kind_skipped(kind):
-                            continue
                         records.append(
                             bench.run(backend, set_name, name, temperature, kind, repeat)
                         )
@@ -1061,7 +785,12 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", help="comma-separated: llama,transformers")
     parser.add_argument("--kinds", help="comma-separated run kinds (the baseline always runs)")
     parser.add_argument("--gamma", type=int)
-    parser.add_argument("--threads", type=int)
+    parser.add_argument("--threads", type=int, help="llama.cpp n_threads and torch threads (1)")
+    parser.add_argument(
+        "--batch-threads",
+        type=int,
+        help="llama.cpp n_threads_batch (default 0: llama-cpp-python's default, all cores)",
+    )
     parser.add_argument("--json", help="write every run's record to this file")
     parser.add_argument("--from-json", help="print the tables of an earlier --json file")
     parser.add_argument(
@@ -1073,7 +802,7 @@ def main(argv=None) -> int:
     config = Config()
     if args.quick:
         config.repeats, config.prompts, config.tokens = 1, 2, 64
-    for name in ("tokens", "repeats", "prompts", "gamma", "threads"):
+    for name in ("tokens", "repeats", "prompts", "gamma", "threads", "batch_threads"):
         if getattr(args, name) is not None:
             setattr(config, name, getattr(args, name))
     if args.temperatures:
