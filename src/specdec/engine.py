@@ -60,9 +60,9 @@ from specdec._backend import kernels_for
 from specdec._common import LAW_DTYPE, InvalidLogitsError
 from specdec._validation import (
     SamplingControls,
-    _is_int,
     as_generator,
     check_verification,
+    is_int,
     make_rng,
 )
 
@@ -167,7 +167,7 @@ def _check_n_threads(n_threads) -> int:
     cores = os.cpu_count() or 1
     if n_threads is None:
         return cores
-    if not _is_int(n_threads):
+    if not is_int(n_threads):
         raise TypeError(
             f"n_threads must be a positive int or None (all cores), got {type(n_threads).__name__}"
         )
@@ -185,7 +185,7 @@ def _generators(rngs, batch: int, greedy: bool) -> list:
             "rngs is required when temperature > 0: a sequence of one "
             "numpy.random.Generator or int seed per sequence"
         )
-    if isinstance(rngs, (np.random.Generator, np.random.BitGenerator, str, bytes)) or _is_int(rngs):
+    if isinstance(rngs, (np.random.Generator, np.random.BitGenerator, str, bytes)) or is_int(rngs):
         raise TypeError(
             f"rngs must be a sequence of {batch} Generators or int seeds, one per sequence, "
             f"got a single {type(rngs).__name__} (a generator shared by the batch would make "

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec._calling import _accepts_logits_to_keep
+from specdec._calling import accepts_logits_to_keep
 from specdec.cli import ngram_data
 from specdec.cli.options import CLIError
 from specdec.cli.output import stderr_line
@@ -51,7 +51,7 @@ class InstrumentedModel:
         self.speculation_cost = getattr(model, "speculation_cost", None)
         # The decoder's own test, so the wrapper asks the model for trailing
         # rows exactly when the decoder would have.
-        self._keeps_rows = _accepts_logits_to_keep(model.forward)
+        self._keeps_rows = accepts_logits_to_keep(model.forward)
 
     def forward(self, ids, logits_to_keep=None):
         """Forward to the wrapped model, simulating its latency and calling the hook."""
