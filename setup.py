@@ -18,6 +18,8 @@ from setuptools import Extension, setup
 
 
 def _flag(name):
+    # specdec._backend.env_flag, repeated (setup.py cannot import what it builds);
+    # tests/test_backend.py checks the two agree.
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
 

@@ -1,7 +1,7 @@
 """Decoder cost per generated token: reference loop vs pure-Python vs compiled backend.
 
 Every cell runs ``generate`` with zero-cost table models
-(``specdec.cli.bench_models.make_pair``: a draft and a target whose per-token acceptance
+(``specdec.toymodels.tables.make_pair``: a draft and a target whose per-token acceptance
 probability is calibrated to about 0.5 or 0.8) at temperature 1, for ``MAX_NEW_TOKENS``
 new tokens after a 16-token prompt, over V in {32,000, 128,256} and gamma in {4, 8}.
 One pytest-benchmark round is one whole ``generate`` call; every round starts from the

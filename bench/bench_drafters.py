@@ -1,7 +1,7 @@
 """Cost of a drafting step (``propose`` + ``extend``) on a 4,000-token sequence.
 
 The sequence is Python source from the standard library, byte-level tokens
-(``specdec.cli.ngram_data.encode``): text with the repeats (identifiers, idioms) that lookup
+(``specdec.toymodels.byte_corpus.encode``): text with the repeats (identifiers, idioms) that lookup
 drafters live on.  All but its last ``GENERATED`` tokens are the prompt; the rest is
 "generated" as a decoder with a greedy target would: each step proposes up to
 ``MAX_TOKENS`` tokens, keeps the prefix that agrees with the sequence plus one token
@@ -40,8 +40,8 @@ import numpy as np
 import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 
-from specdec.cli import ngram_data as ngram
 from specdec.drafters import NGram, PromptLookup
+from specdec.toymodels import byte_corpus as ngram
 
 LENGTH = 4_000
 LONG = 16_000

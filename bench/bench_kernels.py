@@ -33,8 +33,7 @@ import numpy as np
 import pytest
 from conftest import SEED, kernels_or_fail
 
-from specdec._common import LAW_DTYPE
-from specdec._validation import SamplingControls
+from specdec.kernels import LAW_DTYPE, SamplingControls
 
 VOCAB_SIZES = (32_000, 128_256)
 DTYPES = ("float32", "float64")

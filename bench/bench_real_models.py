@@ -9,8 +9,8 @@ Measured, per generated token, and put in each benchmark's ``extra_info``:
 * the decoder's own share of wall time (everything that is not a model call)
   for ``specdec`` (``stats.decoder_time``) and for the pure-NumPy reference
   loop (wall time minus the time spent inside the model calls, which
-  :class:`specdec.cli.measure.TimedModel` records): the harness of
-  ``specdec bench`` and of the other suites, :mod:`specdec.cli.measure`;
+  :class:`specdec.measure.TimedModel` records): the harness of
+  ``specdec bench`` and of the other suites, :mod:`specdec.measure`;
 * wall time of plain sampling (``specdec.sample``) against speculative
   decoding with draft = target (the speculative one pays for the draft too,
   so it is the decoder-overhead-plus-batching picture, not a speed-up claim).
@@ -28,7 +28,7 @@ import pytest
 
 import specdec
 from specdec import models
-from specdec.cli.measure import Outcome, reference_run, specdec_run
+from specdec.measure import Outcome, reference_run, specdec_run
 
 N_NEW = 64
 GAMMA = 4
@@ -72,7 +72,7 @@ def _mean(values):
 
 
 def _timed_rounds(benchmark, run, adapters) -> list[Outcome]:
-    """Benchmark ``run`` (from :mod:`specdec.cli.measure`) for ROUNDS rounds, caches reset."""
+    """Benchmark ``run`` (from :mod:`specdec.measure`) for ROUNDS rounds, caches reset."""
     outcomes = []
     benchmark.pedantic(
         lambda: outcomes.append(run()), setup=lambda: _reset(*adapters), rounds=ROUNDS, iterations=1

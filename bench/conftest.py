@@ -20,17 +20,17 @@ line is collected anyway.
 
 What "decoder time" means
 -------------------------
-The models are :class:`specdec.cli.bench_models.TableModel` tables: a forward pass is a
+The models are :class:`specdec.toymodels.tables.TableModel` tables: a forward pass is a
 slice of a precomputed logits table, so it costs next to nothing.  Still, every
 figure labelled *decoder* excludes the models:
 
 * specdec backends: ``stats.decoder_time`` -- the call's wall time minus the time
   spent inside the two models' ``forward`` (specdec measures this itself);
 * the reference loop: the same definition -- both models are wrapped in
-  :class:`specdec.cli.measure.TimedModel`, which times each ``forward`` call, and
+  :class:`specdec.measure.TimedModel`, which times each ``forward`` call, and
   the sum is subtracted from the wall time of ``generate``.
 
-Both come from :mod:`specdec.cli.measure`, the harness ``specdec bench`` uses too.
+Both come from :mod:`specdec.measure`, the harness ``specdec bench`` uses too.
 
 The reference loop is ``--reference PATH``, else ``$SPECDEC_REFERENCE``, else
 ``shared/reference/speculative_decoding.py`` beside the repository; its cells skip
@@ -50,9 +50,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec._backend import kernels_for
-from specdec.cli.bench_models import make_pair
-from specdec.cli.measure import load_reference, reference_run, specdec_run
+from specdec.kernels import kernels_for
+from specdec.measure import load_reference, reference_run, specdec_run
+from specdec.toymodels.tables import make_pair
 
 #: The reference loop, beside the repository: never copied into the project.
 DEFAULT_REFERENCE = (

@@ -11,14 +11,9 @@ from pathlib import Path
 import pytest
 
 import specdec
-from specdec._backend import kernels_for
+from specdec._backend import env_flag, kernels_for
 
-PURE_PYTHON = os.environ.get("SPECDEC_PUREPYTHON", "").strip().lower() not in (
-    "",
-    "0",
-    "false",
-    "no",
-)
+PURE_PYTHON = env_flag("SPECDEC_PUREPYTHON")
 BACKENDS = ["python"] if PURE_PYTHON else ["cython", "python"]
 
 

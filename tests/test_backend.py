@@ -12,7 +12,7 @@ import pytest
 from conftest import PURE_PYTHON
 
 import specdec
-from specdec._backend import KERNEL_FUNCTIONS, available_backends, kernels_for
+from specdec._backend import KERNEL_FUNCTIONS, available_backends, env_flag, kernels_for
 from specdec._common import LAW_DTYPE
 from specdec._validation import SamplingControls
 
@@ -74,6 +74,17 @@ def _public(module):
 
 
 @needs_core
+@pytest.mark.parametrize("value", ["", "0", "false", "No", " no ", "1", "yes", "TRUE", "x"])
+def test_setup_py_reads_environment_flags_by_the_same_rule(value, monkeypatch):
+    """setup.py cannot import specdec, so it repeats env_flag: the two must agree."""
+    tree = ast.parse((Path(__file__).parents[1] / "setup.py").read_text())
+    (flag,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_flag"]
+    namespace = {"os": os}
+    exec(compile(ast.Module(body=[flag], type_ignores=[]), "setup.py", "exec"), namespace)
+    monkeypatch.setenv("SPECDEC_TEST_FLAG", value)
+    assert namespace["_flag"]("SPECDEC_TEST_FLAG") == env_flag("SPECDEC_TEST_FLAG")
+
+
 def test_both_kernel_modules_define_the_same_functions():
     from specdec import _core, _fallback
 

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import specdec
-from specdec import cli
-from specdec.cli import bench_models, demo, demo_models, measure, ngram_data, ngram_models, output
+from specdec import cli, measure
+from specdec.cli import demo, demo_models, output
 from specdec.cli.options import MAX_TOKENS, MAX_VOCAB
+from specdec.toymodels import byte_corpus, byte_kn, tables
 
 # What an installation can break: .ci/run's wheel and pure-Python stages run these (-m install).
 pytestmark = pytest.mark.install
@@ -43,7 +44,7 @@ def model_cache(tmp_path_factory):
     directory = tmp_path_factory.mktemp("specdec-cache")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECDEC_CACHE_DIR", str(directory))
-        ngram_data.load_default_models()
+        byte_corpus.load_default_models()
         yield directory
 
 
@@ -105,7 +106,7 @@ def test_demo_json_schema(capsys, backend):
     }
     assert report["model"]["name"] == "ngram" and report["model"]["vocab_size"] == 256
     assert report["prompt"] == demo.DEFAULT_PROMPT
-    assert report["prompt_tokens"] == len(ngram_data.encode(demo.DEFAULT_PROMPT))
+    assert report["prompt_tokens"] == len(byte_corpus.encode(demo.DEFAULT_PROMPT))
     spec, ar = report["speculative"], report["autoregressive"]
     for part in (spec, ar):
         assert set(demo.STATS_FIELDS) <= set(part)
@@ -227,7 +228,7 @@ def test_ctrl_c_exits_130_without_traceback(capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ngram_data, "load_default_models", interrupted)
+    monkeypatch.setattr(byte_corpus, "load_default_models", interrupted)
     code, out, err = run(DEMO, capsys)
     assert code == 130 and out == ""
     assert "Traceback" not in err
@@ -475,7 +476,7 @@ def test_generated_control_characters_are_escaped():
 
 
 def test_instrumented_model_slices_for_models_without_logits_to_keep():
-    model = ngram_models.NGramModel.train(b"abcabcabd" * 10, 2)
+    model = byte_kn.ByteKneserNey.train(b"abcabcabd" * 10, 2)
 
     class Whole:  # the protocol's minimum: full logits only
         vocab_size = 256
@@ -487,7 +488,7 @@ def test_instrumented_model_slices_for_models_without_logits_to_keep():
     wrapped = demo_models.InstrumentedModel(
         Whole(), on_call=lambda length, n: calls.append((length, n))
     )
-    ids = np.array([ngram_data.encode("abcab")])
+    ids = np.array([byte_corpus.encode("abcab")])
     np.testing.assert_array_equal(wrapped.forward(ids, logits_to_keep=2), model.forward(ids)[:, 3:])
     assert wrapped.forward(ids).shape == (1, 5, 256)
     assert calls == [(5, 2), (5, None)]
@@ -497,7 +498,7 @@ def test_instrumented_model_slices_for_models_without_logits_to_keep():
 
 
 def test_table_model_returns_views():
-    draft, target, info = bench_models.make_pair(2000, 0.7, 20, seed=1)
+    draft, target, info = tables.make_pair(2000, 0.7, 20, seed=1)
     assert abs(info["acceptance"] - 0.7) < 0.03
     ids = np.zeros((1, 12), dtype=np.int64)
     rows = target.forward(ids, logits_to_keep=3)
@@ -509,7 +510,7 @@ def test_table_model_returns_views():
 
 
 def test_calibrated_acceptance_shows_in_the_decoder(backend):
-    draft, target, _ = bench_models.make_pair(1000, 0.6, 600, seed=2)
+    draft, target, _ = tables.make_pair(1000, 0.6, 600, seed=2)
     decoder = specdec.SpeculativeDecoder(1, 1.0, seed=0, backend=backend)
     _, stats = decoder.generate(draft, target, [0], max_new_tokens=590)
     # With gamma = 1 the fraction of drafts kept is the per-token acceptance.
@@ -520,7 +521,7 @@ def test_load_reference_and_timed_model(tmp_path):
     reference = tmp_path / "ref.py"
     reference.write_text(_REFERENCE_STUB)
     module = measure.load_reference(reference)
-    draft, target, _ = bench_models.make_pair(300, 0.5, 40, seed=0)
+    draft, target, _ = tables.make_pair(300, 0.5, 40, seed=0)
     outcome = measure.reference_run(module, draft, target, [0, 1], 5, 2, seed=1)()
     assert outcome.tokens == 5 and 0 < outcome.decoder <= outcome.wall
     timed = measure.TimedModel(target)
@@ -584,7 +585,7 @@ def test_generate_json_and_compare(capsys, backend):
     report = run_json([*GENERATE, "--backend", backend, "--prompt", REPEAT, "--compare"], capsys)
     assert report["model"] == "ngram" and report["draft"] == "lookup" and not report["chat"]
     assert len(report["ids"]) == 40 == report["stats"]["total_tokens_generated"]
-    assert report["text"] == ngram_data.decode(report["ids"])
+    assert report["text"] == byte_corpus.decode(report["ids"])
     assert report["plain"]["num_target_forward_passes"] == 40
     assert report["speedup"] > 0 and report["tokens_per_second"] > 0
     assert report["settings"]["temperature"] == 0.0

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.cli import ngram_data as byte_ngram
 from specdec.drafters import Drafter, NGram, PromptLookup
+from specdec.toymodels import byte_corpus as byte_ngram
 
 # derandomize: CI runs the same examples every time (SPECDEC_HYPOTHESIS_RANDOM=1
 # explores new ones), as in test_kernels.py.

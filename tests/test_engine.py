@@ -33,7 +33,7 @@ import pytest
 from toymodels import ContextModel, pooled_chisquare, same_state, warped_probs
 
 import specdec
-from specdec import engine
+from specdec import _engine_run, engine
 from specdec.engine import verify, verify_batch
 
 ALPHA = 1e-3
@@ -184,12 +184,12 @@ def test_thread_counts_give_identical_results(backend, scheme):
 def test_the_thread_pool_is_reused_and_grown_on_demand(backend):
     ids, draft, target, lengths = _random_batch(1, batch=8)
     verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=2, backend=backend)
-    pool = engine._pool
+    pool = _engine_run._pool
     assert pool is not None
     verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=2, backend=backend)
-    assert engine._pool is pool  # not one pool per call
+    assert _engine_run._pool is pool  # not one pool per call
     many = verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=6, backend=backend)
-    assert engine._pool_size >= min(5, (os.cpu_count() or 1) - 1)  # capped at the cores
+    assert _engine_run._pool_size >= min(5, (os.cpu_count() or 1) - 1)  # capped at the cores
     one = verify_batch(ids, draft, target, lengths, rngs=_seeds(8), n_threads=1, backend=backend)
     assert np.array_equal(many.tokens, one.tokens)
 

@@ -5,8 +5,8 @@ i itself, so the law of the next token changes with the context: a sampler that
 used the wrong row, or ignored the context, draws from the wrong law.
 
 ``pooled_chisquare`` compares sampled outcomes with an exact law from
-``enumerate_joint_law`` (the statistic of DEVELOPERS.md: chi-square, cells with
-expectation < 5 pooled).
+``enumerate_joint_law``: Pearson's chi-square, cells with expectation < 5 pooled into
+one (the law tests' statistic; README.md, "Guarantees").
 """
 
 from __future__ import annotations

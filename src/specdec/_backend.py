@@ -17,7 +17,12 @@ from specdec import _fallback
 BACKENDS = ("cython", "python")
 
 
-def _env_flag(name: str) -> bool:
+def env_flag(name: str) -> bool:
+    """True when environment variable `name` is set to anything but "", "0", "false", "no".
+
+    The one rule for specdec's switches (tests/conftest.py uses it; setup.py, which
+    cannot import the package it builds, repeats it and a test checks they agree).
+    """
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
 
@@ -51,7 +56,7 @@ def _share_docstrings(core: ModuleType) -> None:
         getattr(core, name).__doc__ = getattr(_fallback, name).__doc__
 
 
-_core = None if _env_flag("SPECDEC_PUREPYTHON") else _load_core()
+_core = None if env_flag("SPECDEC_PUREPYTHON") else _load_core()
 
 #: The default backend of this process: ``"cython"`` or ``"python"``.
 BACKEND = "cython" if _core is not None else "python"

@@ -12,7 +12,8 @@ from specdec._common import InvalidLogitsError
 _LOGIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _accepts_logits_to_keep(fn) -> bool:
+def accepts_logits_to_keep(fn) -> bool:
+    """True when `fn` takes a `logits_to_keep` argument (shared with the demo models)."""
     try:
         parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # builtins without a signature
@@ -82,7 +83,7 @@ class ModelCaller:
             )
         self.name = name
         self._fn = fn
-        self.keeps_rows = _accepts_logits_to_keep(fn)
+        self.keeps_rows = accepts_logits_to_keep(fn)
         self.elapsed = 0.0
         self.calls = 0
         declared = getattr(model, "vocab_size", None)

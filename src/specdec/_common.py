@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-#: Elements per block of a sampling pass (must equal SD_BLOCK in _kernels.h).
+#: Elements per block of a sampling pass (SD_BLOCK in _kernels.h; _core.pyx checks it).
 BLOCK_SIZE = 512
 
 #: Without sampling controls, a row's weights are shifted by the maximum of its first
@@ -21,7 +21,14 @@ LAW_DTYPE = np.dtype([("shift", "f8"), ("tau", "f8"), ("zmin", "f8"), ("total", 
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
-#: Kernel error codes, shared by both backends.
+#: exp(z) is taken as 0 below these (the smallest z whose exp is still a normal float
+#: or double); _kernels.h repeats them as SD_EXP_LOWEST_F32/_F64 and _core.pyx checks
+#: at import that they agree.
+EXP_LOWEST_F32 = -87.0
+EXP_LOWEST_F64 = -708.0
+
+#: Kernel error codes, shared by both backends (_core.pyx repeats them as a C enum and
+#: checks at import that they agree).
 NONFINITE_LOGITS = 1
 ALL_MASKED_LOGITS = 2
 EMPTY_LAW = 3

@@ -28,17 +28,26 @@ from specdec._kernels cimport *
 
 import numpy as np
 
+from specdec import _common
 from specdec._common import (BLOCK_SIZE, InvalidLogitsError, check_row_laws_args, check_tree_args,
                              check_verify_args)
 from specdec._common import SHIFT_LIMIT as _SHIFT_LIMIT
 from specdec._validation import SamplingControls
 
 assert SD_BLOCK == BLOCK_SIZE, "_kernels.h and _common.py disagree on the block size"
+assert (SD_EXP_LOWEST_F32, SD_EXP_LOWEST_F64) == (_common.EXP_LOWEST_F32, _common.EXP_LOWEST_F64), (
+    "_kernels.h and _common.py disagree on the exp bounds")
 
+# The error codes are C constants here (returned without the GIL); their one source is
+# _common.py, and the import fails if the two disagree.
 cdef enum:
     NONFINITE_LOGITS = 1
     ALL_MASKED_LOGITS = 2
     EMPTY_LAW = 3
+
+assert (NONFINITE_LOGITS, ALL_MASKED_LOGITS, EMPTY_LAW) == (
+    _common.NONFINITE_LOGITS, _common.ALL_MASKED_LOGITS, _common.EMPTY_LAW), (
+    "_core.pyx and _common.py disagree on the error codes")
 
 # Above this many scaled units between a row's maximum and the provisional shift, the
 # weights are recomputed from the maximum (e^64 < float's largest / V).

@@ -17,6 +17,8 @@ from specdec._common import (
     ALL_MASKED_LOGITS,
     BLOCK_SIZE,
     EMPTY_LAW,
+    EXP_LOWEST_F32,
+    EXP_LOWEST_F64,
     NONFINITE_LOGITS,
     SHIFT_LIMIT,
     InvalidLogitsError,
@@ -77,7 +79,7 @@ def _row_max(row: np.ndarray, index: int) -> float:
 
 
 _F32, _F64 = np.float32, np.float64
-_LOWEST = {np.dtype(_F32): _F32(-87.0), np.dtype(_F64): _F64(-708.0)}
+_LOWEST = {np.dtype(_F32): _F32(EXP_LOWEST_F32), np.dtype(_F64): _F64(EXP_LOWEST_F64)}
 _CEPHES_EXPF = [
     _F32(c)
     for c in (

@@ -82,6 +82,7 @@
  * which is exact except when the double rounding hits a tie (probability about
  * 2^-29 per operation), so the weights of both backends are bit-identical in
  * practice.  The double version uses no FMA: its twin is exact. */
+/* One source: EXP_LOWEST_F32/_F64 in _common.py; _core.pyx checks these at import. */
 #define SD_EXP_LOWEST_F32 (-87.0f)
 #define SD_EXP_LOWEST_F64 (-708.0)
 

@@ -8,6 +8,8 @@ them in one place.
 
 cdef extern from "_kernels.h" nogil:
     int SD_BLOCK
+    float SD_EXP_LOWEST_F32
+    double SD_EXP_LOWEST_F64
 
     double sd_max_f32(const float *x, Py_ssize_t n, int *bad)
     double sd_max_f64(const double *x, Py_ssize_t n, int *bad)

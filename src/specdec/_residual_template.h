@@ -8,6 +8,29 @@
  * unscaled residual.
  */
 
+/* Include only from _kernels.h, which defines the parameters and the helpers first. */
+#ifndef SPECDEC_KERNELS_H
+#error "include _kernels.h, not this template: it instantiates the template per type"
+#endif
+#ifndef SD_TP
+#error "SD_TP must be defined before including this template (see _kernels.h)"
+#endif
+#ifndef SD_TQ
+#error "SD_TQ must be defined before including this template (see _kernels.h)"
+#endif
+#ifndef SD_SUFFIX
+#error "SD_SUFFIX must be defined before including this template (see _kernels.h)"
+#endif
+#ifndef SD_CLONES
+#error "SD_CLONES must be defined before including this template (see _kernels.h)"
+#endif
+#ifndef SD_INLINE
+#error "SD_INLINE must be defined before including this template (see _kernels.h)"
+#endif
+#ifndef SD_BLOCK
+#error "SD_BLOCK must be defined before including this template (see _kernels.h)"
+#endif
+
 /* Residual weights of the block [start, end) into out[0 .. end - start).  The
  * comparison, not a clamp of the difference, keeps the support exact: r > 0 iff
  * p > q. */

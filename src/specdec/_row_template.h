@@ -4,6 +4,26 @@
  * defined.  See _kernels.h for the row law these functions compute.
  */
 
+/* Include only from _kernels.h, which defines the parameters and the helpers first. */
+#ifndef SPECDEC_KERNELS_H
+#error "include _kernels.h, not this template: it instantiates the template per type"
+#endif
+#ifndef SD_T
+#error "SD_T must be defined before including this template (see _kernels.h)"
+#endif
+#ifndef SD_SUFFIX
+#error "SD_SUFFIX must be defined before including this template (see _kernels.h)"
+#endif
+#ifndef SD_CLONES
+#error "SD_CLONES must be defined before including this template (see _kernels.h)"
+#endif
+#ifndef SD_INLINE
+#error "SD_INLINE must be defined before including this template (see _kernels.h)"
+#endif
+#ifndef SD_BLOCK
+#error "SD_BLOCK must be defined before including this template (see _kernels.h)"
+#endif
+
 /* The row's maximum; *bad is set when the row holds a NaN or +inf. */
 SD_CLONES static double SD_SUFFIX(sd_max)(const SD_T *x, ptrdiff_t n, int *bad)
 {

@@ -7,7 +7,7 @@ is the verification step for such a tree (SpecInfer's multi-step speculative
 sampling, Miao et al. 2024): the kernels' ``verify_tree`` walks it from the root, and
 a tree that is one path makes exactly the decisions of token-by-token :func:`verify`.
 
-Inputs are read as :func:`specdec.verify` reads them (``specdec.engine``'s helpers:
+Inputs are read as :func:`specdec.verify` reads them (``specdec._engine_inputs``' helpers:
 DLPack and array-protocol producers, one copy for non-contiguous rows, nothing
 written to the caller's arrays), and every check that needs no row values comes
 before any work.
@@ -19,9 +19,14 @@ import numpy as np
 
 from specdec._backend import kernels_for
 from specdec._common import InvalidLogitsError, check_tree
+from specdec._engine_inputs import Step as _Step
+from specdec._engine_inputs import as_array as _as_array
+from specdec._engine_inputs import check_kind as _check_kind
+from specdec._engine_inputs import float_rows as _float_rows
+from specdec._engine_inputs import token_ids as _ids
+from specdec._engine_run import draft_law as _draft_law
+from specdec._engine_run import thread_scratch as _scratch
 from specdec._validation import SamplingControls, make_rng
-from specdec.engine import _as_array, _check_kind, _draft_law, _float_rows, _scratch, _Step
-from specdec.engine import _token_ids as _ids
 
 __all__ = ["verify_tree"]
 

@@ -1,4 +1,8 @@
-"""Argument checks shared by every entry point: one clear error, before any work."""
+"""Argument checks shared by every entry point: one clear error, before any work.
+
+The predicates (`is_int`, `is_real`) and `MAX_GAMMA` are shared by the engine, the
+drafters and the CLI: this module is their one source.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
+    """True for an integer (Python or NumPy), never for a bool."""
     return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, bool)
 
 
-def _is_real(value) -> bool:
+def is_real(value) -> bool:
+    """True for a real number (Python or NumPy), never for a bool."""
     return isinstance(value, (numbers.Real, np.floating, np.integer)) and not isinstance(
         value, bool
     )
@@ -28,7 +34,7 @@ MAX_GAMMA = 1024
 
 def check_gamma(gamma, name: str = "gamma") -> int:
     """Number of draft tokens per step: an int in [1, MAX_GAMMA]."""
-    if not _is_int(gamma):
+    if not is_int(gamma):
         raise TypeError(
             f"{name} must be an int in [1, {MAX_GAMMA}], got {type(gamma).__name__} {gamma!r}"
         )
@@ -50,7 +56,7 @@ def check_verification(verification) -> str:
 
 def check_max_new_tokens(max_new_tokens) -> int:
     """Token budget: an int >= 0."""
-    if not _is_int(max_new_tokens):
+    if not is_int(max_new_tokens):
         raise TypeError(f"max_new_tokens must be an int >= 0, got {type(max_new_tokens).__name__}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -79,7 +85,7 @@ def check_prompt(prompt_ids) -> np.ndarray:
             "prompt_ids is empty: the first new token needs the logits of a prompt token"
         )
     if array.dtype.kind not in "iu" and not (
-        array.dtype == object and all(_is_int(v) for v in array)
+        array.dtype == object and all(is_int(v) for v in array)
     ):
         raise TypeError(f"prompt_ids must hold int token ids, got dtype {array.dtype}")
     # Python ints, so that no id wraps around or overflows before it is checked
@@ -102,7 +108,7 @@ def check_eos(eos_token_id) -> int | None:
     """End-of-sequence id: None or an int >= 0."""
     if eos_token_id is None:
         return None
-    if not _is_int(eos_token_id):
+    if not is_int(eos_token_id):
         raise TypeError(f"eos_token_id must be an int or None, got {type(eos_token_id).__name__}")
     if eos_token_id < 0:
         raise ValueError(f"eos_token_id must be >= 0, got {eos_token_id}")
@@ -138,7 +144,7 @@ def as_generator(value, name: str) -> np.random.Generator:
     """A ``numpy.random.Generator`` from a Generator or a non-negative int seed."""
     if isinstance(value, np.random.Generator):
         return value
-    if _is_int(value):
+    if is_int(value):
         if value < 0:
             raise ValueError(f"{name} must be a non-negative int seed, got {value}")
         return np.random.default_rng(int(value))
@@ -171,7 +177,7 @@ class SamplingControls:
     @classmethod
     def from_user(cls, temperature=1.0, top_k=None, top_p=None, min_p=None) -> SamplingControls:
         """Check the user's values and encode them; raises TypeError/ValueError."""
-        if not _is_real(temperature):
+        if not is_real(temperature):
             raise TypeError(
                 f"temperature must be a real number >= 0, got {type(temperature).__name__}"
             )
@@ -184,14 +190,14 @@ class SamplingControls:
             )
         k = 0
         if top_k is not None:
-            if not _is_int(top_k):
+            if not is_int(top_k):
                 raise TypeError(f"top_k must be a positive int or None, got {type(top_k).__name__}")
             if top_k < 1:
                 raise ValueError(f"top_k must be a positive int or None, got {top_k}")
             k = min(int(top_k), sys.maxsize)  # beyond any vocabulary: keeps every token
         p = 1.0
         if top_p is not None:
-            if not _is_real(top_p):
+            if not is_real(top_p):
                 raise TypeError(
                     f"top_p must be a number in (0, 1] or None, got {type(top_p).__name__}"
                 )
@@ -200,7 +206,7 @@ class SamplingControls:
             p = float(top_p)
         mp = 0.0
         if min_p is not None:
-            if not _is_real(min_p):
+            if not is_real(min_p):
                 raise TypeError(
                     f"min_p must be a number in [0, 1) or None, got {type(min_p).__name__}"
                 )

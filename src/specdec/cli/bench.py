@@ -1,6 +1,6 @@
 """``specdec bench``: the decoder's own cost per generated token.
 
-The models return views of precomputed logits tables (:mod:`.bench_models`),
+The models return views of precomputed logits tables (:mod:`specdec.toymodels.tables`),
 so a run's wall time is the decoder's; the runs are timed by :mod:`.measure`,
 the harness the pytest-benchmark suites in ``bench/`` use as well.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 import specdec
-from specdec.cli import bench_models, measure
+from specdec import measure
 from specdec.cli.options import (
     MAX_GAMMA,
     MAX_REPEATS,
@@ -28,6 +28,7 @@ from specdec.cli.options import (
     number,
 )
 from specdec.cli.output import Progress, print_json, stderr_line, table
+from specdec.toymodels import tables
 
 __all__ = ["configure", "run_bench", "REFERENCE_ENV"]
 
@@ -119,7 +120,7 @@ def _table_rows(args) -> int:
 
 def _validate(args) -> None:
     """Refuse, before any work, a run whose tables cannot fit in memory."""
-    need = bench_models.pair_bytes(max(args.vocab), _table_rows(args))
+    need = tables.pair_bytes(max(args.vocab), _table_rows(args))
     budget = memory_budget()
     if need > budget:
         raise UsageError(
@@ -204,9 +205,7 @@ def run_bench(args) -> int:
         for v in args.vocab:
             for a in args.acceptance:
                 try:
-                    draft, target, info = bench_models.make_pair(
-                        v, a, _table_rows(args), seed=args.seed
-                    )
+                    draft, target, info = tables.make_pair(v, a, _table_rows(args), seed=args.seed)
                 except ValueError as error:  # an acceptance these tables cannot reach
                     raise UsageError(
                         f"--acceptance {a:g} --vocab {v}: {error} (tables over so few tokens "

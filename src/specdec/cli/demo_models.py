@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec._calling import _accepts_logits_to_keep
-from specdec.cli import ngram_data
+from specdec._calling import accepts_logits_to_keep
 from specdec.cli.options import CLIError
 from specdec.cli.output import stderr_line
+from specdec.toymodels import byte_corpus
 
 __all__ = ["Models", "InstrumentedModel", "load_ngram_models", "load_llama_models"]
 
@@ -51,7 +51,7 @@ class InstrumentedModel:
         self.speculation_cost = getattr(model, "speculation_cost", None)
         # The decoder's own test, so the wrapper asks the model for trailing
         # rows exactly when the decoder would have.
-        self._keeps_rows = _accepts_logits_to_keep(model.forward)
+        self._keeps_rows = accepts_logits_to_keep(model.forward)
 
     def forward(self, ids, logits_to_keep=None):
         """Forward to the wrapped model, simulating its latency and calling the hook."""
@@ -97,13 +97,13 @@ def load_ngram_models(quiet: bool) -> Models:
     announce = _announcer(  # called once per model trained
         quiet,
         "training n-gram models on the standard library's source "
-        f"(first run only; cached in {ngram_data.cache_dir()})...",
+        f"(first run only; cached in {byte_corpus.cache_dir()})...",
     )
     start = time.perf_counter()
-    draft, target, info = ngram_data.load_default_models(return_info=True, on_train=announce)
+    draft, target, info = byte_corpus.load_default_models(return_info=True, on_train=announce)
     info["load_time"] = time.perf_counter() - start
     info.update(
-        draft_order=draft.order, target_order=target.order, vocab_size=ngram_data.VOCAB_SIZE
+        draft_order=draft.order, target_order=target.order, vocab_size=byte_corpus.VOCAB_SIZE
     )
     description = (
         f"byte-level n-grams, draft order {draft.order}, target order {target.order} "
@@ -112,8 +112,8 @@ def load_ngram_models(quiet: bool) -> Models:
     return Models(
         draft,
         target,
-        ngram_data.encode,
-        ngram_data.decode,
+        byte_corpus.encode,
+        byte_corpus.decode,
         description,
         default_latency_ms=DEFAULT_NGRAM_TARGET_LATENCY_MS,
         info=info,
@@ -148,14 +148,14 @@ def _load_gguf(models, path: Path, n_ctx: int):
 
 def _token_ngram_draft(target, quiet: bool):
     """A trigram over the target tokenizer's ids, trained on the stdlib: costs ~0.1 ms a call."""
-    corpus = ngram_data.training_corpus()
+    corpus = byte_corpus.training_corpus()
     if not quiet:
         stderr_line(f"tokenizing {len(corpus) / 1e6:.1f} MB of stdlib source for the draft...")
     tokens = target.tokenize(corpus, add_bos=False)
     announce = _announcer(
-        quiet, f"training the draft model (first run only; cached in {ngram_data.cache_dir()})..."
+        quiet, f"training the draft model (first run only; cached in {byte_corpus.cache_dir()})..."
     )
-    draft, cached = ngram_data.load_or_train(
+    draft, cached = byte_corpus.load_or_train(
         tokens, 3, vocab_size=target.vocab_size, on_train=announce
     )
     description = f"token 3-gram over its tokenizer, trained on {len(tokens):,} tokens of stdlib"
@@ -173,13 +173,13 @@ def _drafter(spec: str, target, quiet: bool):
     lookup = PromptLookup()
     if spec == "lookup":
         return lookup, "prompt lookup (copies of the prompt and the text so far)"
-    path = ngram_data.cache_dir() / f"ngram-drafter-{target.vocab_size}.npz"
+    path = byte_corpus.cache_dir() / f"ngram-drafter-{target.vocab_size}.npz"
     try:
         ngram = NGram.load(path)
     except (OSError, ValueError):
         if not quiet:
             stderr_line(f"training the token n-gram drafter (first run only; cached in {path})...")
-        corpus = ngram_data.training_corpus().decode("utf-8", errors="replace")
+        corpus = byte_corpus.training_corpus().decode("utf-8", errors="replace")
         ngram = NGram.train([corpus], lambda text: target.tokenize(text, add_bos=False))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec._validation import _is_int, _is_real
+from specdec._validation import is_int, is_real
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -54,7 +54,7 @@ def check_int_option(name: str, value, minimum: int, maximum: int | None = None)
     """An option that must be an int >= *minimum* (and <= *maximum*); a bool is not an int."""
     if type(value) is int and value >= minimum and (maximum is None or value <= maximum):
         return value  # the common case, on every step
-    if not _is_int(value):
+    if not is_int(value):
         raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
@@ -66,7 +66,7 @@ def check_int_option(name: str, value, minimum: int, maximum: int | None = None)
 def check_probability_option(name: str, value, closed: bool = True) -> float:
     """An option that must be a real number in [0, 1] (in [0, 1) unless *closed*)."""
     interval = "[0, 1]" if closed else "[0, 1)"
-    if not _is_real(value):
+    if not is_real(value):
         raise TypeError(
             f"{name} must be a number in {interval}, got {type(value).__name__} {value!r}"
         )
@@ -116,7 +116,7 @@ def check_n_new(n_new, length: int) -> int:
     """``extend``'s count of appended tokens: an int in [0, len(tokens)]."""
     if type(n_new) is int and 0 <= n_new <= length:  # the common case, on every step
         return n_new
-    if not _is_int(n_new):
+    if not is_int(n_new):
         raise TypeError(f"n_new must be an int >= 0, got {type(n_new).__name__} {n_new!r}")
     if not 0 <= n_new <= length:
         raise ValueError(f"n_new must lie in [0, len(tokens)] = [0, {length}], got {n_new}")

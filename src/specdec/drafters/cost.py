@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from specdec._validation import _is_real
+from specdec._validation import is_real
 
 __all__ = [
     "DEFAULT_COST_CURVE",
@@ -195,7 +195,7 @@ def check_target_cost(value, name: str = "target_cost"):
 
 def _check_pair(value, name: str) -> tuple:
     overhead, per_token = value
-    if not all(_is_real(v) and 0.0 <= v < math.inf for v in (overhead, per_token)):
+    if not all(is_real(v) and 0.0 <= v < math.inf for v in (overhead, per_token)):
         raise ValueError(
             f"{name} must be a pair (overhead, per_token) of finite numbers >= 0, got {value!r}"
         )

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 
-from specdec._validation import _is_int, _is_real
+from specdec._validation import is_int, is_real
 from specdec.drafters.cost import (
     DEFAULT_COST_CURVE,
     DEFAULT_TARGET_COST,
@@ -151,7 +151,7 @@ class HeuristicDraftLength(DraftLengthPolicy):
     """
 
     def __init__(self, initial: int = 5) -> None:
-        if not _is_int(initial) or initial < 1:
+        if not is_int(initial) or initial < 1:
             raise ValueError(f"initial must be an int >= 1, got {initial!r}")
         self.initial = int(initial)
         self._current = self.initial
@@ -227,7 +227,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         prior_acceptance: float = 0.5,
         memory: float = 0.98,
     ) -> None:
-        if not _is_int(min_tokens) or min_tokens < 0:
+        if not is_int(min_tokens) or min_tokens < 0:
             raise ValueError(f"min_tokens must be an int >= 0, got {min_tokens!r}")
         for name, value in (
             ("p_min", p_min),
@@ -235,10 +235,10 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             ("memory", memory),
         ):
             open_low = name != "p_min"
-            if not _is_real(value) or not (0.0 < value < 1.0 if open_low else 0.0 <= value < 1.0):
+            if not is_real(value) or not (0.0 < value < 1.0 if open_low else 0.0 <= value < 1.0):
                 bounds = "(0, 1)" if open_low else "[0, 1)"
                 raise ValueError(f"{name} must be a number in {bounds}, got {value!r}")
-        if not _is_real(draft_cost) or not 0.0 <= draft_cost < math.inf:
+        if not is_real(draft_cost) or not 0.0 <= draft_cost < math.inf:
             raise ValueError(f"draft_cost must be a finite number >= 0, got {draft_cost!r}")
         self.min_tokens = int(min_tokens)
         self.p_min = float(p_min)

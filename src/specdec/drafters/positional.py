@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from specdec._validation import _is_int, _is_real
+from specdec._validation import is_int, is_real
 from specdec.drafters.cost import (
     DEFAULT_COST_CURVE,
     CostCurve,
@@ -96,16 +96,16 @@ class PositionalDraftLength(DraftLengthPolicy):
         prior_strength: float = 4.0,
         memory: float = 0.98,
     ) -> None:
-        if not _is_int(min_tokens) or min_tokens < 0:
+        if not is_int(min_tokens) or min_tokens < 0:
             raise ValueError(f"min_tokens must be an int >= 0, got {min_tokens!r}")
-        if not _is_real(p_min) or not 0.0 <= p_min < 1.0:
+        if not is_real(p_min) or not 0.0 <= p_min < 1.0:
             raise ValueError(f"p_min must be a number in [0, 1), got {p_min!r}")
         for name, value in (("prior_acceptance", prior_acceptance), ("memory", memory)):
-            if not _is_real(value) or not 0.0 < value < 1.0:
+            if not is_real(value) or not 0.0 < value < 1.0:
                 raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
-        if not _is_real(prior_strength) or not 0.0 < prior_strength < math.inf:
+        if not is_real(prior_strength) or not 0.0 < prior_strength < math.inf:
             raise ValueError(f"prior_strength must be a finite number > 0, got {prior_strength!r}")
-        if not _is_real(draft_cost) or not 0.0 <= draft_cost < math.inf:
+        if not is_real(draft_cost) or not 0.0 <= draft_cost < math.inf:
             raise ValueError(f"draft_cost must be a finite number >= 0, got {draft_cost!r}")
         self.min_tokens = int(min_tokens)
         self.p_min = float(p_min)

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from specdec._validation import _is_real
+from specdec._validation import is_real
 from specdec.drafters._checks import (
     as_sequence,
     check_int_option,
@@ -129,7 +129,7 @@ class SuffixDrafter(Drafter):
             ("max_spec_factor", max_spec_factor),
             ("max_spec_offset", max_spec_offset),
         ):
-            if not _is_real(value) or not math.isfinite(value):
+            if not is_real(value) or not math.isfinite(value):
                 raise TypeError(f"{name} must be a finite number, got {value!r}")
         if max_spec_factor < 0:
             raise ValueError(f"max_spec_factor must be >= 0, got {max_spec_factor}")

@@ -1,14 +1,14 @@
 """Interpolated modified Kneser-Ney n-gram language models, trained with NumPy.
 
-The demo's draft and target (:mod:`specdec.cli.ngram_data` trains them on the
-standard library's source) are :class:`NGramModel` instances: real language
+The demo's draft and target (:mod:`specdec.toymodels.byte_corpus` trains them on the
+standard library's source) are :class:`ByteKneserNey` instances: real language
 models, so that acceptance rates mean something, that need no download.  Every
 token keeps a non-zero probability in every context.
 
 Examples
 --------
->>> from specdec.cli.ngram_models import NGramModel
->>> model = NGramModel.train(b"abcabcabd" * 10, order=3)
+>>> from specdec.toymodels.byte_kn import ByteKneserNey
+>>> model = ByteKneserNey.train(b"abcabcabd" * 10, order=3)
 >>> model.forward([list(b"ab")], logits_to_keep=1).shape
 (1, 1, 256)
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["VOCAB_SIZE", "NGramModel"]
+__all__ = ["VOCAB_SIZE", "ByteKneserNey"]
 
 #: Vocabulary of the byte-level models: one token per byte value.
 VOCAB_SIZE = 256
@@ -128,7 +128,7 @@ class _Table:
 # The model
 
 
-class NGramModel:
+class ByteKneserNey:
     """An interpolated modified Kneser-Ney n-gram language model.
 
     Instances follow the :mod:`specdec` model protocol: :meth:`forward` maps a
@@ -155,12 +155,12 @@ class NGramModel:
         self._bits = _bits_for(vocab_size)
 
     def __repr__(self) -> str:
-        return f"NGramModel(order={self.order}, vocab_size={self.vocab_size})"
+        return f"ByteKneserNey(order={self.order}, vocab_size={self.vocab_size})"
 
     # -- training and persistence -------------------------------------------
 
     @classmethod
-    def train(cls, corpus, order: int, vocab_size: int = VOCAB_SIZE) -> NGramModel:
+    def train(cls, corpus, order: int, vocab_size: int = VOCAB_SIZE) -> ByteKneserNey:
         """Count n-grams in *corpus* and return the smoothed model.
 
         Parameters
@@ -175,7 +175,7 @@ class NGramModel:
 
         Returns
         -------
-        NGramModel
+        ByteKneserNey
 
         Notes
         -----
@@ -247,7 +247,7 @@ class NGramModel:
             tmp.unlink(missing_ok=True)
 
     @classmethod
-    def load(cls, path) -> NGramModel:
+    def load(cls, path) -> ByteKneserNey:
         """Read a model written by :meth:`save`.
 
         Parameters
@@ -257,7 +257,7 @@ class NGramModel:
 
         Returns
         -------
-        NGramModel
+        ByteKneserNey
 
         Raises
         ------

@@ -1,4 +1,4 @@
-"""Tests of the demo's n-gram language models (specdec.cli.ngram_models, ngram_data)."""
+"""Tests of the demo's Kneser-Ney byte models (specdec.toymodels.byte_kn, byte_corpus)."""
 
 import re
 from collections import Counter
@@ -6,8 +6,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from specdec.cli import ngram_data as ngram
-from specdec.cli.ngram_models import NGramModel, _discounts
+from specdec.toymodels import byte_corpus as ngram
+from specdec.toymodels.byte_kn import ByteKneserNey, _discounts
 
 # Small enough to train in well under a second, large enough for a 5-gram to
 # beat a trigram on held-out text.
@@ -26,7 +26,7 @@ def heldout():
 
 @pytest.fixture(scope="module")
 def models(corpus):
-    return {order: NGramModel.train(corpus, order) for order in (1, 3, 5)}
+    return {order: ByteKneserNey.train(corpus, order) for order in (1, 3, 5)}
 
 
 def _ids(text: str) -> np.ndarray:
@@ -179,7 +179,7 @@ def test_matches_a_direct_kneser_ney_implementation():
     # repeated contexts and every count class occurs.
     tokens = list(np.cumsum(rng.integers(-1, 2, size=3000)) % 7)
     order, vocab_size = 4, 9
-    model = NGramModel.train(tokens, order, vocab_size=vocab_size)
+    model = ByteKneserNey.train(tokens, order, vocab_size=vocab_size)
     naive = _naive_kneser_ney(tokens, order, vocab_size)
     sequence = [int(t) for t in tokens[:40]] + [8, 8, 3]  # 8 never occurs in training
     probs = model.probabilities(sequence, np.arange(len(sequence)))
@@ -201,12 +201,12 @@ def test_discounts_follow_chen_goodman():
 def test_token_level_model_with_a_large_vocabulary():
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, 50_000, size=5000)
-    model = NGramModel.train(tokens, 3, vocab_size=50_000)
+    model = ByteKneserNey.train(tokens, 3, vocab_size=50_000)
     logits = model.forward(tokens[None, :10], logits_to_keep=2)
     assert logits.shape == (1, 2, 50_000)
     np.testing.assert_allclose(np.exp(logits.astype(np.float64)).sum(-1), 1.0, rtol=1e-5)
     with pytest.raises(ValueError, match="64-bit"):
-        NGramModel.train(tokens, 5, vocab_size=50_000)
+        ByteKneserNey.train(tokens, 5, vocab_size=50_000)
 
 
 # -- the cache -------------------------------------------------------------------
@@ -244,7 +244,7 @@ def test_corrupt_cache_file_is_retrained(corpus, tmp_path):
     assert not cached
     ids = _ids("abc")
     np.testing.assert_array_equal(again.forward(ids), model.forward(ids))
-    assert NGramModel.load(path).fingerprint == model.fingerprint
+    assert ByteKneserNey.load(path).fingerprint == model.fingerprint
 
 
 def test_cache_dir_honours_environment(monkeypatch, tmp_path):

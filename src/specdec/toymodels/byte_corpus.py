@@ -1,6 +1,6 @@
 """The demo's n-gram models: byte-level text, the stdlib corpus, and the model cache.
 
-This module trains a draft and a target :class:`~specdec.cli.ngram_models.NGramModel`
+This module trains a draft and a target :class:`~specdec.toymodels.byte_kn.ByteKneserNey`
 from the Python standard library's own source code: a byte-level
 (``V = 256``) model of low order as the draft and one of higher order as the
 target.
@@ -12,9 +12,9 @@ model order, so only the first run pays for training.
 
 Examples
 --------
->>> from specdec.cli import ngram_data
->>> draft, target = ngram_data.load_default_models()          # doctest: +SKIP
->>> ids = ngram_data.encode("def main(")
+>>> from specdec.toymodels import byte_corpus
+>>> draft, target = byte_corpus.load_default_models()          # doctest: +SKIP
+>>> ids = byte_corpus.encode("def main(")
 >>> target.forward([ids], logits_to_keep=1).shape              # doctest: +SKIP
 (1, 1, 256)
 """
@@ -26,7 +26,7 @@ import os
 import sysconfig
 from pathlib import Path
 
-from specdec.cli.ngram_models import VOCAB_SIZE, NGramModel, _as_tokens, _fingerprint
+from specdec.toymodels.byte_kn import VOCAB_SIZE, ByteKneserNey, _as_tokens, _fingerprint
 
 __all__ = [
     "VOCAB_SIZE",
@@ -244,7 +244,7 @@ def load_or_train(corpus, order: int, vocab_size: int = VOCAB_SIZE, directory=No
 
     Returns
     -------
-    model : NGramModel
+    model : ByteKneserNey
     cached : bool
         Whether the model came from the cache.
 
@@ -262,14 +262,14 @@ def load_or_train(corpus, order: int, vocab_size: int = VOCAB_SIZE, directory=No
     )
     if path.exists():
         try:
-            model = NGramModel.load(path)
+            model = ByteKneserNey.load(path)
             if model.fingerprint == fp:
                 return model, True
         except (OSError, ValueError, KeyError):
             pass
     if on_train is not None:
         on_train()
-    model = NGramModel.train(tokens, order, vocab_size)
+    model = ByteKneserNey.train(tokens, order, vocab_size)
     try:
         model.save(path)
     except OSError:
@@ -304,7 +304,7 @@ def load_default_models(
 
     Returns
     -------
-    draft, target : NGramModel
+    draft, target : ByteKneserNey
     info : dict
         Only if *return_info*.
     """
