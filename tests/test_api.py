@@ -192,7 +192,7 @@ def test_signature_options():
     _, init_options = _split(inspect.signature(SpeculativeDecoder.__init__))
     _, generate_options = _split(inspect.signature(SpeculativeDecoder.generate))
     assert {p.name for p in init_options} >= {"seed", "top_k", "top_p", "min_p", "backend"}
-    assert [p.name for p in generate_options] == ["rng"]
+    assert [p.name for p in generate_options] == ["rng", "streamer"]
 
 
 def test_stats_dataclass_has_the_references_fields_and_properties(reference):

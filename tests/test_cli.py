@@ -65,7 +65,7 @@ def test_demo_prints_text_statistics_and_speedup(capsys, backend):
     assert code == 0, err
     assert f"backend: {backend}" in out
     assert "prompt: 'import os\\n' (10 tokens)" in out
-    assert "tokens from speculative decoding ---\nimport os\n" in out
+    assert "speculative decoding, streamed as it is made ---\nimport os\n" in out
     for label in (
         "acceptance rate",
         "tokens per target pass",
@@ -153,7 +153,7 @@ def test_demo_greedy_and_filters(capsys):
 def test_demo_shows_both_texts_and_says_they_are_identical_at_temperature_0(capsys):
     code, out, err = run([*DEMO, "--temperature", "0", "--prompt", "import os\n"], capsys)
     assert code == 0, err
-    spec = out.split("tokens from speculative decoding ---\n")[1].split("\n--- prompt + ")[0]
+    spec = out.split("streamed as it is made ---\n")[1].split("\n--- prompt + ")[0]
     plain = out.split("tokens from plain sampling (the target alone) ---\n")[1]
     plain = plain.split("\n--- end ---")[0]
     assert spec.startswith("import os\n") and spec == plain
@@ -523,3 +523,229 @@ def test_load_reference_and_timed_model(tmp_path):
     timed = measure.TimedModel(target)
     timed.forward(np.zeros((1, 3), dtype=np.int64))
     assert timed.elapsed > 0 and timed.vocab_size == 300
+
+
+# -- demo: why it was (not) faster ---------------------------------------------------
+
+
+def test_demo_says_why_it_was_faster_or_not(capsys):
+    code, out, err = run([*DEMO, "--prompt", "import os\nimport sys\nimport os"], capsys)
+    assert code == 0, err
+    assert out.count("why faster:") + out.count("why not") == 1
+    stats = {
+        "num_target_forward_passes": 10,
+        "total_draft_tokens_proposed": 0,
+        "total_draft_tokens_accepted": 0,
+        "draft_length_histogram": [10, 0],
+        "tokens_per_step": 1.0,
+    }
+    plain = {"num_target_forward_passes": 35, "target_time": 3.5}
+    assert "nothing was worth drafting in 10 of 10 steps" in demo.account(stats, plain, 1.02)
+    stats.update(total_draft_tokens_proposed=40, total_draft_tokens_accepted=30)
+    stats.update(tokens_per_step=3.5, draft_length_histogram=[0, 10], target_time=5.0)
+    assert demo.account(stats, plain, 2.1).startswith("why faster: 3.50 tokens per target pass")
+    slower = demo.account(stats, plain, 0.7)
+    assert "30 of 40 drafted tokens kept" in slower
+    assert "a verifying pass cost 5.0x a one-token pass" in slower
+
+
+# -- generate ------------------------------------------------------------------------
+
+GENERATE = ["generate", "--model", "ngram", "--max-tokens", "40"]
+REPEAT = "import os\nimport sys\nimport os\nimport sys\n"
+
+
+def test_generate_streams_text_then_one_summary_line(capsys, backend):
+    code, out, err = run([*GENERATE, "--backend", backend, "--prompt", REPEAT], capsys)
+    assert code == 0, err
+    report = run_json([*GENERATE, "--backend", backend, "--prompt", REPEAT], capsys)
+    assert out == report["text"] + "\n"  # stdout holds the text only
+    lines = err.splitlines()
+    assert lines[0] == "loading ngram..." and lines[1].startswith("warming up")
+    summary = lines[-1]
+    assert "40 tokens in" in summary and "tokens/s" in summary
+    assert "tokens per target pass" in summary and "drafts kept" in summary
+
+
+def test_generate_is_streamed_pass_by_pass(capsys, monkeypatch):
+    writes = []
+    monkeypatch.setattr(
+        "specdec.cli.generate._write", lambda piece: writes.append(piece) or print(piece, end="")
+    )
+    code, out, err = run([*GENERATE, "--prompt", REPEAT], capsys)
+    assert code == 0, err
+    assert len(writes) > 1 and "".join(writes) + "\n" == out
+
+
+def test_generate_json_and_compare(capsys, backend):
+    report = run_json([*GENERATE, "--backend", backend, "--prompt", REPEAT, "--compare"], capsys)
+    assert report["model"] == "ngram" and report["draft"] == "lookup" and not report["chat"]
+    assert len(report["ids"]) == 40 == report["stats"]["total_tokens_generated"]
+    assert report["text"] == ngram_data.decode(report["ids"])
+    assert report["plain"]["num_target_forward_passes"] == 40
+    assert report["speedup"] > 0 and report["tokens_per_second"] > 0
+    assert report["settings"]["temperature"] == 0.0
+
+
+@pytest.mark.parametrize("draft", ["lookup", "ngram", "none"])
+def test_generate_greedy_text_is_the_same_whatever_drafts(capsys, draft):
+    plain = run_json([*GENERATE, "--prompt", REPEAT, "--draft", "none"], capsys)
+    report = run_json([*GENERATE, "--prompt", REPEAT, "--draft", draft], capsys)
+    assert report["ids"] == plain["ids"]
+    if draft == "ngram":
+        assert report["stats"]["num_draft_forward_passes"] > 0
+
+
+def test_generate_sampled_is_reproducible_for_a_seed(capsys):
+    argv = [*GENERATE, "--prompt", REPEAT, "--temperature", "0.9", "--top-k", "20"]
+    first = run_json([*argv, "--seed", "4"], capsys)
+    assert run_json([*argv, "--seed", "4"], capsys)["ids"] == first["ids"]
+
+
+def test_generate_reads_the_prompt_from_stdin(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(REPEAT))
+    from_stdin = run_json(GENERATE, capsys)
+    assert from_stdin["ids"] == run_json([*GENERATE, "--prompt", REPEAT], capsys)["ids"]
+
+
+def test_generate_suffix_draft(capsys):
+    """Runs once specdec.drafters.SuffixDrafter exists (skipped only while it does not)."""
+    try:
+        from specdec.drafters import SuffixDrafter  # noqa: F401
+    except ImportError:
+        pytest.skip("specdec.drafters.SuffixDrafter is not in this checkout yet")
+    plain = run_json([*GENERATE, "--prompt", REPEAT, "--draft", "none"], capsys)
+    report = run_json([*GENERATE, "--prompt", REPEAT, "--draft", "suffix"], capsys)
+    assert report["ids"] == plain["ids"]
+    assert report["stats"]["total_draft_tokens_accepted"] > 0
+
+
+def test_generate_suffix_draft_missing_is_a_one_line_failure(capsys, monkeypatch):
+    import specdec.drafters
+
+    monkeypatch.delattr(specdec.drafters, "SuffixDrafter", raising=False)
+    code, out, err = run([*GENERATE, "--prompt", REPEAT, "--draft", "suffix"], capsys)
+    assert code == 1 and out == ""
+    assert err.splitlines()[-1].startswith("specdec: error: --draft suffix needs")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "--model", "gpt-5"],
+        ["generate", "--model", "ngram", "--chat", "--prompt", "x"],
+        ["generate", "--model", "ngram", "--draft", "x.gguf", "--prompt", "x"],
+        ["generate", "--model", "a.gguf", "--draft", "ngram2", "--prompt", "x"],
+        ["generate", "--model", "ngram", "--max-tokens", "0", "--prompt", "x"],
+        ["generate", "--model", "ngram", "--temperature", "-1", "--prompt", "x"],
+        ["generate", "--model", "ngram", "--top-p", "0", "--prompt", "x"],
+        ["generate", "--model", "ngram", "--gamma", "0", "--prompt", "x"],
+        ["generate", "--model", "ngram", "--seed", "-1", "--prompt", "x"],
+        ["generate", "--model", "ngram", "--prompt", ""],
+        ["generate", "--model", "ngram", "--prompt", "def f(\udc80):"],
+        ["generate", "--model", "a.gguf", "--max-tokens", str(MAX_TOKENS), "--prompt", "x"],
+    ],
+)
+def test_generate_bad_options_exit_2_with_one_line(capsys, argv):
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("specdec: error: ")
+
+
+def test_generate_without_llama_cpp_prints_the_install_hint(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    code, out, err = run(["generate", "--prompt", "hi", "--chat"], capsys)
+    assert code == 1 and out == ""
+    assert err.splitlines()[-1].startswith("specdec: error: ")
+    assert 'pip install "cyspecdec[llama]"' in err
+
+
+def test_generate_ctrl_c_exits_130_and_ends_the_line(capsys, monkeypatch):
+    from specdec.cli import generate
+
+    class Interrupted(generate.TextStream):
+        def __next__(self):
+            if self.text:
+                raise KeyboardInterrupt
+            return super().__next__()
+
+    monkeypatch.setattr(generate, "TextStream", Interrupted)
+    code, out, err = run([*GENERATE, "--prompt", REPEAT], capsys)
+    assert code == 130 and out.endswith("\n") and len(out) > 1
+    assert "Traceback" not in err
+
+
+# -- generate with SmolLM2 (the llama extra) --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2_installed():
+    require = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
+    try:
+        import llama_cpp  # noqa: F401
+
+        from specdec.models import smollm2_path
+
+        return smollm2_path()
+    except (ImportError, FileNotFoundError) as exc:
+        if require:
+            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
+        pytest.skip(f"SmolLM2 through llama-cpp-python is not installed: {exc}")
+
+
+def test_generate_smollm2_chat(capsys, backend, smollm2_installed):
+    argv = ["generate", "--model", "smollm2", "--chat", "--max-tokens", "30", "--backend", backend]
+    task = "Repeat this sentence exactly: the cat sat on the mat."
+    report = run_json([*argv, "--prompt", task, "--compare"], capsys)
+    assert report["chat"] and report["text"] and "<|im_end|>" not in report["text"]
+    assert 2 not in report["ids"]  # the end of turn ends the reply and is not part of it
+    assert report["stats"]["total_draft_tokens_accepted"] > 0
+    code, out, err = run([*argv, "--prompt", task], capsys)
+    assert code == 0 and out.strip() and "tokens per target pass" in err.splitlines()[-1]
+
+
+def test_generate_hugging_face_directory(capsys, backend, tmp_path):
+    """A model saved with save_pretrained (no download), with and without its template."""
+    require = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
+    try:
+        import tokenizers
+        import torch
+        import transformers
+    except ImportError as exc:
+        if require:
+            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
+        pytest.skip(f"transformers and torch are not installed: {exc}")
+    torch.manual_seed(0)
+    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    core = tokenizers.Tokenizer(
+        tokenizers.models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[])
+    )
+    core.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = tokenizers.decoders.ByteLevel()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + "
+        "'<|im_end|>\n'}}{% endfor %}{% if add_generation_prompt %}"
+        "{{'<|im_start|>assistant\n'}}{% endif %}"
+    )
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            num_hidden_layers=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            vocab_size=258,
+            max_position_embeddings=256,
+        )
+    )
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    argv = ["generate", "--model", str(tmp_path), "--max-tokens", "12", "--backend", backend]
+    plain = run_json([*argv, "--prompt", "abc abc abc", "--draft", "none"], capsys)
+    report = run_json([*argv, "--prompt", "abc abc abc"], capsys)
+    assert report["ids"] == plain["ids"] and len(report["ids"]) <= 12
+    chat = run_json([*argv, "--prompt", "abc", "--chat"], capsys)
+    assert 257 not in chat["ids"] and isinstance(chat["text"], str)

@@ -12,6 +12,11 @@ engines call the verification step alone: :func:`verify` and :func:`verify_batch
 (``specdec.engine``), and :func:`verify_tree` for a tree of candidates.  Real models
 plug in through ``specdec.models``.
 
+``decoder.stream(...)`` yields each target pass's tokens as they are made (a
+:class:`TokenStream`); ``generate`` and ``sample`` take a Hugging Face-style
+``streamer=``; ``decoder.chat(model, messages)`` applies the model's chat template and
+returns text (a :class:`TextStream` of pieces with ``stream=True``).
+
 The kernels come from the compiled core (``BACKEND == "cython"``) unless
 ``SPECDEC_PUREPYTHON=1`` is set or the core was not built (``"python"``).
 """
@@ -19,6 +24,7 @@ The kernels come from the compiled core (``BACKEND == "cython"``) unless
 from specdec._backend import BACKEND, available_backends
 from specdec._decoder import SpeculativeDecoder, sample
 from specdec._stats import SpeculativeDecodingStats
+from specdec._streaming import TextStream, TokenStream
 from specdec._tree import verify_tree
 from specdec.engine import BatchResult, verify, verify_batch
 
@@ -29,6 +35,8 @@ __all__ = [
     "BatchResult",
     "SpeculativeDecoder",
     "SpeculativeDecodingStats",
+    "TextStream",
+    "TokenStream",
     "__version__",
     "available_backends",
     "sample",

@@ -17,6 +17,7 @@ from specdec._calling import ModelCaller
 from specdec._common import LAW_DTYPE, InvalidLogitsError
 from specdec._drafting import DraftRows, DraftSources
 from specdec._stats import SpeculativeDecodingStats
+from specdec._streaming import Run, TokenStream, chat, check_streamer, consume
 from specdec._validation import (
     SamplingControls,
     as_generator,
@@ -31,48 +32,6 @@ from specdec._validation import (
 from specdec.drafters.length import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 
 DRAFT_LENGTHS = ("auto", "fixed", "adaptive")
-
-
-class _Run:
-    """The state one call needs: the token buffer, its read-only view and the clock.
-
-    The buffer grows geometrically up to ``len(prompt) + max_new_tokens``, so that a
-    huge budget that EOS cuts short costs nothing; models see read-only views of it,
-    valid for the duration of their call.
-    """
-
-    def __init__(self, prompt: np.ndarray, max_new_tokens: int):
-        self.started = time.perf_counter()
-        self.limit = len(prompt) + max_new_tokens
-        self.length = 0
-        self.tokens = np.empty(0, dtype=np.int64)
-        self.ids = None
-        self.reserve(min(self.limit, 2 * len(prompt) + 256))
-        self.tokens[: len(prompt)] = prompt
-        self.length = len(prompt)
-
-    def reserve(self, capacity: int) -> None:
-        """Make room for ``capacity`` tokens (at most the limit)."""
-        if capacity <= len(self.tokens):
-            return
-        capacity = min(self.limit, max(capacity, 2 * len(self.tokens)))
-        tokens = np.empty(capacity, dtype=np.int64)
-        tokens[: self.length] = self.tokens[: self.length]
-        self.tokens = tokens
-        # Models see the sequence but cannot change it: the view's base is a read-only
-        # buffer, so not even ``ids.flags.writeable = True`` makes it writable (no copy).
-        readonly = np.frombuffer(memoryview(tokens).toreadonly(), dtype=np.int64)
-        self.ids = readonly[np.newaxis, :]
-
-    def sequence(self) -> np.ndarray:
-        """The kept sequence, as a read-only 1-D view (for drafters)."""
-        return self.ids[0, : self.length]
-
-    def result(self, stats: SpeculativeDecodingStats, *callers):
-        elapsed = time.perf_counter() - self.started
-        models = sum(caller.elapsed for caller in callers if caller is not None)
-        stats.decoder_time = max(elapsed - models, 0.0)
-        return self.tokens[: self.length].tolist(), stats
 
 
 def _check_declared_vocab(prompt, eos, *callers: ModelCaller) -> None:
@@ -269,6 +228,7 @@ class SpeculativeDecoder:
         eos_token_id=None,
         *,
         rng=None,
+        streamer=None,
     ):
         """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``.
 
@@ -291,6 +251,11 @@ class SpeculativeDecoder:
         rng : numpy.random.Generator or int, optional
             Randomness of this call; default: the decoder's ``seed`` generator, else a
             seed drawn from NumPy's global state (``np.random.seed`` reproduces runs).
+        streamer : object with ``put(ids)`` and ``end()``, optional
+            Hugging Face's streamer protocol (``transformers.TextStreamer`` and
+            ``TextIteratorStreamer`` work as they are): ``put(prompt)`` once, then
+            ``put(new)`` after every target pass with the tokens it made final (1-D
+            int64 arrays, never empty), then ``end()``.
 
         Returns
         -------
@@ -298,6 +263,103 @@ class SpeculativeDecoder:
             The prompt followed by the new tokens.
         stats : SpeculativeDecodingStats
             Counts and timings of the call.
+
+        See Also
+        --------
+        stream : the same tokens, pass by pass, as an iterator.
+        """
+        check_streamer(streamer)
+        passes = self._passes(
+            draft_model, target_model, prompt_ids, max_new_tokens, eos_token_id, rng
+        )
+        return consume(next(passes), passes, streamer)
+
+    def stream(
+        self,
+        draft_model,
+        target_model,
+        prompt_ids,
+        max_new_tokens: int = 50,
+        eos_token_id=None,
+        *,
+        rng=None,
+    ) -> TokenStream:
+        """The new tokens as they are made: an iterator of one 1-D array per target pass.
+
+        Takes the arguments of :meth:`generate`, checked at once (before the first
+        token).  Concatenated, the arrays are exactly ``generate``'s new tokens for
+        the same seed; a speculative pass makes several tokens final at once.
+
+        Returns
+        -------
+        specdec.TokenStream
+            Iterates over 1-D int64 arrays (the prompt is not included); its
+            ``stats`` holds the run's :class:`SpeculativeDecodingStats` (the counts
+            so far until the stream is exhausted).  Leaving the loop early leaves the
+            decoder and the models ready for the next call.
+
+        Examples
+        --------
+        >>> for new in decoder.stream(draft, target, prompt, 64):  # doctest: +SKIP
+        ...     print(tokenizer.decode(new), end="", flush=True)
+        """
+        passes = self._passes(
+            draft_model, target_model, prompt_ids, max_new_tokens, eos_token_id, rng
+        )
+        return TokenStream(next(passes), passes)
+
+    def chat(
+        self,
+        target_model,
+        messages,
+        *,
+        draft=None,
+        max_new_tokens: int = 256,
+        rng=None,
+        stream: bool = False,
+    ):
+        """The model's reply to a chat, as text: the model's own chat template applied.
+
+        The messages are formatted with the target's chat template (a GGUF's
+        ``tokenizer.chat_template``, a Hugging Face tokenizer's), the reply is
+        generated speculatively and stops at the template's end-of-turn token.
+
+        Parameters
+        ----------
+        target_model : LlamaCppModel or TransformersModel
+            A model adapter with a tokenizer and a chat template.
+        messages : list of dict
+            ``{"role": "system" | "user" | "assistant", "content": str}`` messages.
+        draft : model, Drafter or Chain, optional
+            As ``generate``'s ``draft_model``; default ``PromptLookup()``, which costs
+            nothing and pays where the reply quotes the chat (edits, summaries, code).
+        max_new_tokens : int, default 256
+            Upper bound on the reply's tokens.
+        rng : numpy.random.Generator or int, optional
+            As for :meth:`generate`.
+        stream : bool, default False
+            Return a :class:`specdec.TextStream` (pieces of text as they
+            are made, with ``stats``) instead of the whole reply.
+
+        Returns
+        -------
+        str or TextStream
+
+        Examples
+        --------
+        >>> model = LlamaCppModel(smollm2_path(), n_ctx=2048)  # doctest: +SKIP
+        >>> chat = [{"role": "user", "content": "Fix the typo: 'teh cat sat'"}]
+        >>> for piece in decoder.chat(model, chat, stream=True):  # doctest: +SKIP
+        ...     print(piece, end="", flush=True)
+        """
+        return chat(self, target_model, messages, draft, max_new_tokens, rng, stream)
+
+    def _passes(self, draft_model, target_model, prompt_ids, max_new_tokens, eos_token_id, rng):
+        """The decoding loop: yields the run once checked, then each pass's final tokens.
+
+        Every check runs before the first ``yield`` (no model has been called yet);
+        after it, each target pass yields a read-only 1-D view of the tokens it made
+        final (positions that are never written again).
         """
         sources = DraftSources(draft_model)
         target = ModelCaller(target_model, "target_model")
@@ -314,10 +376,13 @@ class SpeculativeDecoder:
         policy.start(gamma, getattr(target_model, "speculation_cost", None))
         kernels = self._kernels
 
-        run = _Run(prompt, max_new_tokens)
         stats = SpeculativeDecodingStats(
             accepted_length_histogram=[0] * (gamma + 1), draft_length_histogram=[0] * (gamma + 1)
         )
+        run = Run(prompt, max_new_tokens, stats)
+        run.callers = (draft, target)
+        yield run  # checked; the clock starts with the first pass
+        run.started = time.perf_counter()
         rows_q = DraftRows()
         work = None
         sources.start(run.sequence())
@@ -398,14 +463,12 @@ class SpeculativeDecoder:
             if source >= 0:
                 policy.observe(key, n_draft, n_kept, seconds, shadow)
             sources.extend(run.sequence(), new)
+            run.pause_started = time.perf_counter()
+            yield run.ids[0, start : run.length]
+            run.paused += time.perf_counter() - run.pause_started
+            run.pause_started = None
             if eos is not None and run.tokens[run.length - 1] == eos:
                 break
-
-        if draft is not None:
-            stats.num_draft_forward_passes = draft.calls
-            stats.draft_time = draft.elapsed
-        stats.target_time = target.elapsed
-        return run.result(stats, draft, target)
 
     def _draft_from_model(
         self, draft, run, start, n_max, p_min, rows_q, controls, generator, work, prompt, eos
@@ -460,6 +523,7 @@ def sample(
     seed=None,
     rng=None,
     backend=None,
+    streamer=None,
 ):
     """Plain autoregressive sampling from the target model, through the same kernels.
 
@@ -484,6 +548,8 @@ def sample(
         Randomness of this call; default: ``seed``, else a seed from NumPy's global state.
     backend : {"cython", "python"}, optional
         Kernel backend.
+    streamer : object with ``put(ids)`` and ``end()``, optional
+        As for :meth:`SpeculativeDecoder.generate`: here every pass makes one token.
 
     Returns
     -------
@@ -492,17 +558,41 @@ def sample(
     stats : SpeculativeDecodingStats
         ``num_target_forward_passes`` equals the tokens generated.
     """
+    check_streamer(streamer)
+    passes = _sampling_passes(
+        target_model,
+        prompt_ids,
+        max_new_tokens,
+        eos_token_id,
+        (temperature, top_k, top_p, min_p),
+        seed,
+        rng,
+        backend,
+    )
+    return consume(next(passes), passes, streamer)
+
+
+def _sampling_passes(
+    target_model, prompt_ids, max_new_tokens, eos_token_id, controls, seed, rng, backend
+):
+    """Plain sampling's loop: yields the run once checked, then each new token.
+
+    As :meth:`SpeculativeDecoder._passes`, with one target pass per token.
+    """
     target = ModelCaller(target_model, "target_model")
     prompt = check_prompt(prompt_ids)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     eos = check_eos(eos_token_id)
-    controls = SamplingControls.from_user(temperature, top_k, top_p, min_p)
+    controls = SamplingControls.from_user(*controls)
     kernels = kernels_for(backend)
     generator = make_rng(rng, seed)
     _check_declared_vocab(prompt, eos, target)
 
-    run = _Run(prompt, max_new_tokens)
     stats = SpeculativeDecodingStats(accepted_length_histogram=[0], draft_length_histogram=[0])
+    run = Run(prompt, max_new_tokens, stats)
+    run.callers = (None, target)
+    yield run
+    run.started = time.perf_counter()
     law = np.zeros(1, LAW_DTYPE)
     weights = work = None
     while run.length < run.limit:
@@ -519,7 +609,9 @@ def sample(
         run.tokens[run.length] = token
         run.length += 1
         stats.record_step(None, 0, 0, 1)
+        run.pause_started = time.perf_counter()
+        yield run.ids[0, run.length - 1 : run.length]
+        run.paused += time.perf_counter() - run.pause_started
+        run.pause_started = None
         if token == eos:
             break
-    stats.target_time = target.elapsed
-    return run.result(stats, target)

@@ -7,15 +7,20 @@
     they are identical (temperature 0) or draws from the same law, the
     acceptance statistics and the wall time against plain sampling.
 
+``specdec generate``
+    Text from a model (SmolLM2, a GGUF file, a Hugging Face directory, or the
+    n-grams), streamed as speculative decoding makes it, with ``--chat`` for the
+    model's chat template and ``--compare`` for the speedup over plain sampling.
+
 ``specdec bench``
     The decoder's own cost per generated token, with models that cost
     nothing, for both backends and, given its file, the reference NumPy loop.
 
-Both take ``--json`` for a machine-readable report on stdout.  Errors are one
+All take ``--json`` for a machine-readable report on stdout.  Errors are one
 line on stderr (``specdec: error: ...``): exit status 2 for bad options, 1 for
 failures, 130 for Ctrl-C.
 
-One module per subcommand (:mod:`.demo`, :mod:`.bench`), the terminal output
+One module per subcommand (:mod:`.demo`, :mod:`.generate`, :mod:`.bench`), the terminal output
 in :mod:`.output`, the option types and bounds in :mod:`.options`, the timing
 harness (shared with the suites in ``bench/``) in :mod:`.measure`, and the
 models they use beside them.
@@ -27,7 +32,7 @@ import argparse
 import sys
 
 import specdec
-from specdec.cli import bench, demo
+from specdec.cli import bench, demo, generate
 from specdec.cli.options import CLIError
 from specdec.cli.output import stderr_line
 
@@ -67,6 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
                 "from the same law, and the wall times.  The default models are byte-level "
                 "n-gram models trained on the Python standard library's source (about a "
                 "second on the first run, cached afterwards)."
+            ),
+        )
+    )
+    generate.configure(
+        commands.add_parser(
+            "generate",
+            help="text from a model as it is made (speculative decoding, streamed)",
+            description=(
+                "Generate text from a model with speculative decoding and print it as it is "
+                "made, then one line of tokens per second, tokens per target pass and drafts "
+                "kept (on stderr, with the progress messages).  --chat applies the model's own "
+                "chat template; --compare also runs plain sampling and prints the speedup."
             ),
         )
     )

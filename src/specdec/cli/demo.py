@@ -10,6 +10,7 @@ differently).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import specdec
@@ -25,10 +26,33 @@ from specdec.cli.options import (
 )
 from specdec.cli.output import Progress, bar_chart, print_json, printable, row
 from specdec.drafters import Drafter
+from specdec.models._text import IncrementalDetokenizer
 
-__all__ = ["configure", "run_demo", "DEFAULT_PROMPT", "STATS_FIELDS", "MAX_GGUF_CONTEXT"]
+__all__ = [
+    "configure",
+    "run_demo",
+    "DEFAULT_PROMPT",
+    "DEFAULT_TASK",
+    "STATS_FIELDS",
+    "MAX_GGUF_CONTEXT",
+    "account",
+]
 
+#: What the n-gram models continue (they know code, not chat).
 DEFAULT_PROMPT = 'def read_config(path):\n    """'
+#: What a GGUF chat model gets by default: a task whose answer quotes its input, the
+#: kind of work (edits, quotes, reformatting) where drafts copied from the prompt pay.
+#: SmolLM2-135M quotes the whole text when asked for one paragraph: all the better.
+DEFAULT_TASK = (
+    "Here is a text:\n\n"
+    "The lighthouse at Carrow Point was built in 1852 from granite quarried on the island "
+    "itself. Its lamp was first lit with whale oil, then with paraffin, and finally, in 1931, "
+    "with electricity.\n\n"
+    "For ninety years the keepers lived in the small cottage at the foot of the tower. They "
+    "wound the clockwork that turned the lens every four hours, cleaned the glass each "
+    "morning, and wrote the weather in a logbook that is now kept in the town museum.\n\n"
+    "Quote the second paragraph of the text exactly, word for word."
+)
 #: Draft tokens per step: a draft model's fixed length; a drafter's most (its length is
 #: adaptive, and long copies are where free drafts pay).
 DEFAULT_GAMMA = 4
@@ -89,8 +113,8 @@ def configure(demo) -> None:
     demo.add_argument(
         "--prompt",
         type=_prompt,
-        default=DEFAULT_PROMPT,
-        help="text to continue (default: %(default)r)",
+        help="text to continue (default: a Python function header for the n-gram models; "
+        "for a GGUF chat model, a task that quotes its input, in the model's chat template)",
     )
     demo.add_argument(
         "--max-tokens",
@@ -110,8 +134,8 @@ def configure(demo) -> None:
         "--temperature",
         metavar="T",
         type=number(float, lo=0.0, what="a number >= 0"),
-        default=0.8,
-        help="sampling temperature; 0 is greedy (default: %(default)s)",
+        help="sampling temperature; 0 is greedy (default: 0.8, or 0 for a GGUF model's default "
+        "task, which a small model quotes faithfully only when greedy)",
     )
     demo.add_argument(
         "--seed",
@@ -191,6 +215,10 @@ def _gguf_context(args) -> int:
 
 def _validate(args) -> None:
     """Checks that involve several options (argparse checks one at a time)."""
+    if args.prompt is None:
+        args.prompt = DEFAULT_PROMPT if args.model == "ngram" else DEFAULT_TASK
+    if args.temperature is None:
+        args.temperature = 0.0 if args.prompt is DEFAULT_TASK else 0.8
     if args.model == "ngram":
         if args.draft_model not in (None, "ngram"):
             raise UsageError("--draft-model needs a GGUF --model (smollm2 or PATH.gguf)")
@@ -292,21 +320,37 @@ def run_demo(args) -> int:
             loaded.target.reset()
         return target(hook)
 
+    streamer = None
+    if not args.json:  # the speculative run is shown as it is made: the text is its progress
+        print("\n".join(_header_lines(backend, loaded.description, args.prompt, prompt_ids)))
+        print(
+            f"--- prompt + speculative decoding, streamed as it is made ---\n{args.prompt}", end=""
+        )
+        streamer = IncrementalDetokenizer(loaded.decode, on_text=_write)
     try:
         # One short untimed run first: a model's first calls page its weights in.
         specdec.sample(loaded.target, prompt_ids, 2, temperature=0.0, backend=backend)
         decoder = specdec.SpeculativeDecoder(
             args.gamma, seed=args.seed, backend=backend, **controls
         )
-        (spec_ids, spec_stats), spec_time = _timed(
-            "speculative   ",
-            args.max_tokens,
-            len(prompt_ids),
-            progress,
-            lambda hook: decoder.generate(
-                draft, fresh_target(hook), prompt_ids, args.max_tokens, loaded.eos_token_id
-            ),
-        )
+        try:
+            (spec_ids, spec_stats), spec_time = _timed(
+                "speculative   ",
+                args.max_tokens,
+                len(prompt_ids),
+                progress and streamer is None,
+                lambda hook: decoder.generate(
+                    draft,
+                    fresh_target(hook),
+                    prompt_ids,
+                    args.max_tokens,
+                    loaded.eos_token_id,
+                    streamer=streamer,
+                ),
+            )
+        finally:
+            if streamer is not None:
+                print(flush=True)
         (ar_ids, ar_stats), ar_time = _timed(
             "autoregressive",
             args.max_tokens,
@@ -356,7 +400,7 @@ def run_demo(args) -> int:
     if args.json:
         print_json(report)
     else:
-        _print_demo(report)
+        _print_demo(report, streamed=streamer is not None)
     return 0
 
 
@@ -383,15 +427,73 @@ def _exactness_lines(r: dict) -> list[str]:
     ]
 
 
-def _print_demo(r: dict) -> None:
-    s, a, settings = r["speculative"], r["autoregressive"], r["settings"]
-    out = [
-        f"specdec {r['specdec_version']} demo (backend: {r['backend']})",
-        f"models: {r['model']['description']}",
-        f"prompt: {r['prompt']!r} ({r['prompt_tokens']} tokens)",
+def _write(piece: str) -> None:
+    sys.stdout.write(printable(piece))
+    sys.stdout.flush()
+
+
+def _header_lines(backend: str, description: str, prompt: str, prompt_ids) -> list[str]:
+    return [
+        f"specdec {specdec.__version__} demo (backend: {backend})",
+        f"models: {description}",
+        f"prompt: {prompt!r} ({len(prompt_ids)} tokens)",
         "",
-        f"--- prompt + {s['total_tokens_generated']} tokens from speculative decoding ---",
-        printable(r["prompt"] + s["text"]),
+    ]
+
+
+def account(stats: dict, plain: dict, speedup: float | None) -> str:
+    """One line saying why speculative decoding was, or was not, faster here.
+
+    Parameters
+    ----------
+    stats, plain : dict
+        The speculative and the plain run's reports (``_stats_dict``).
+    speedup : float or None
+        Plain sampling's wall time over speculative decoding's.
+
+    Returns
+    -------
+    str
+    """
+    passes = stats["num_target_forward_passes"]
+    proposed, kept = stats["total_draft_tokens_proposed"], stats["total_draft_tokens_accepted"]
+    plain_steps = stats["draft_length_histogram"][0] if stats["draft_length_histogram"] else 0
+    per_pass = f"{stats['tokens_per_step']:.2f} tokens per target pass"
+    if speedup is not None and speedup >= 1.1:
+        return (
+            f"why faster: {per_pass} instead of 1: {kept} of {proposed} drafted tokens were "
+            "kept, and every token kept is a pass of the target saved"
+        )
+    if proposed == 0:
+        return (
+            f"why not faster: nothing was worth drafting in {plain_steps} of {passes} steps (an "
+            "open prompt: the text repeats nothing the drafter has seen), so both runs did "
+            "the same work and the difference is timing noise"
+        )
+    cost = ""
+    if passes and plain["num_target_forward_passes"] and plain["target_time"] > 0:
+        ratio = (stats["target_time"] / passes) / (
+            plain["target_time"] / plain["num_target_forward_passes"]
+        )
+        cost = f"; a verifying pass cost {ratio:.1f}x a one-token pass"
+    return (
+        f"why not (much) faster: {per_pass} ({kept} of {proposed} drafted tokens kept, "
+        f"{plain_steps} of {passes} steps with nothing worth drafting){cost}: too few tokens "
+        "per pass for what the drafting and the verifying passes cost"
+    )
+
+
+def _print_demo(r: dict, streamed: bool) -> None:
+    s, a, settings = r["speculative"], r["autoregressive"], r["settings"]
+    out = []
+    if not streamed:
+        out += [
+            *_header_lines(r["backend"], r["model"]["description"], r["prompt"], range(0)),
+            f"--- prompt + {s['total_tokens_generated']} tokens from speculative decoding ---",
+            printable(r["prompt"] + s["text"]),
+        ]
+        out[2] = f"prompt: {r['prompt']!r} ({r['prompt_tokens']} tokens)"
+    out += [
         f"--- prompt + {a['total_tokens_generated']} tokens from plain sampling (the target "
         "alone) ---",
         printable(r["prompt"] + a["text"]),
@@ -438,16 +540,6 @@ def _print_demo(r: dict) -> None:
             f"{a['num_target_forward_passes']} target passes, same target and seed",
         ),
         row("speedup", f"{r['speedup']:7.2f}x"),
+        account(s, a, r["speedup"]),
     ]
-    if r["speedup"] is not None and r["speedup"] < 1.0:
-        if s["total_draft_tokens_proposed"] == 0:
-            out.append(
-                "  (no speedup: no draft was worth verifying on this text, so both runs did the "
-                "same work and the difference is timing noise)"
-            )
-        else:
-            out.append(
-                "  (no speedup here: the drafts kept did not pay for the extra tokens each "
-                "target pass evaluated; see the acceptance rate above)"
-            )
     print("\n".join(out))

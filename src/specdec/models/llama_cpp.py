@@ -10,6 +10,7 @@ import numpy as np
 
 from specdec.models._cached import PrefixCachedModel
 from specdec.models._optional import import_optional
+from specdec.models._text import end_of_turn_id, render_chat_template
 
 __all__ = ["LlamaCppModel", "smollm2_path"]
 
@@ -268,6 +269,63 @@ class LlamaCppModel(PrefixCachedModel):
         path = getattr(self.llama, "model_path", "?")
         name = Path(str(path)).name
         return f"LlamaCppModel({name!r}, vocab_size={self.vocab_size}, n_ctx={self._n_ctx})"
+
+    # -- chat (the template and its end of turn: specdec.models._text) -------------------
+
+    @property
+    def chat_template(self) -> str | None:
+        """The GGUF's chat template (``tokenizer.chat_template``), or None."""
+        return self.llama.metadata.get("tokenizer.chat_template") or None
+
+    def _special_text(self, token: int) -> str:
+        if token < 0:  # llama.cpp's "no such token"
+            return ""
+        return self.llama.detokenize([token], special=True).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+        """The chat as text, formatted with the GGUF's own template.
+
+        Parameters
+        ----------
+        messages : list of dict
+            ``{"role": ..., "content": ...}`` messages.
+        add_generation_prompt : bool, default True
+            End with the header of the assistant's turn.
+
+        Returns
+        -------
+        str
+
+        Raises
+        ------
+        ValueError
+            If the GGUF has no chat template, or the template rejects the chat.
+        """
+        template = self.chat_template
+        if template is None:
+            raise ValueError(f"{self!r} has no chat template (tokenizer.chat_template)")
+        return render_chat_template(
+            template,
+            messages,
+            bos_token=self._special_text(int(self.llama.token_bos())),
+            eos_token=self._special_text(self.eos_token_id),
+            add_generation_prompt=add_generation_prompt,
+        )
+
+    def encode_chat(self, messages) -> list[int]:
+        """Token ids of the chat, ready for the assistant's reply (see apply_chat_template)."""
+        return self.tokenize(self.apply_chat_template(messages), add_bos=False, special=True)
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Tokens that end a reply: the template's end of turn (if any), then end of sequence."""
+        eot = None
+        if self.chat_template is not None:
+            eot = end_of_turn_id(
+                self.apply_chat_template,
+                lambda text: self.tokenize(text, add_bos=False, special=True),
+            )
+        return list(dict.fromkeys(t for t in (eot, self.eos_token_id) if t is not None))
 
 
 def smollm2_path() -> Path:

