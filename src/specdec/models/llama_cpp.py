@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from specdec.models._cached import PrefixCachedModel
+from specdec.models._llama_batch import TokenBatch
 from specdec.models._optional import import_optional
 from specdec.models._text import end_of_turn_id, render_chat_template
 
-__all__ = ["LlamaCppModel", "smollm2_path"]
+__all__ = ["BatchVarianceWarning", "LlamaCppModel", "smollm2_path"]
 
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+#: Positions compared by the batch-invariance check, and the batch sizes it uses.
+_INVARIANCE_TOKENS = 8
+_INVARIANCE_BATCHES = (4, 8)
+
+
+class BatchVarianceWarning(RuntimeWarning):
+    """The llama.cpp build gives different logits to a token alone and in a batch.
+
+    Issued once per :class:`LlamaCppModel` (with ``min_eval_tokens=1``) whose
+    :attr:`~LlamaCppModel.batch_invariant` is False.  Silence it with
+    ``warnings.simplefilter("ignore", specdec.models.BatchVarianceWarning)``.
+    """
 
 
 class LlamaCppModel(PrefixCachedModel):
@@ -40,6 +55,10 @@ class LlamaCppModel(PrefixCachedModel):
         goes through llama.cpp's batched code path, whose logits do not depend
         on how the sequence was split into calls; see Notes. Costs up to one
         extra token per call.
+    cost_curve : array_like of float, optional
+        Time of a pass over ``i + 1`` new tokens relative to one token
+        (element 0 is 1.0); given, it replaces the calibration that
+        :attr:`cost_curve` otherwise runs on first access.
     **llama_kwargs
         Extra keyword arguments for ``llama_cpp.Llama`` (for example
         ``n_ctx=1024, n_threads=2, seed=0``). Only allowed with a path.
@@ -53,6 +72,14 @@ class LlamaCppModel(PrefixCachedModel):
         Number of logits per position, ``V``.
     min_eval_tokens : int
         See Parameters.
+    batch_invariant : bool
+        Whether this llama.cpp build gives a token the same logits, bit for bit,
+        evaluated alone and inside batches of 4 and 8 (see Notes).  Checked once,
+        at the first :meth:`forward` call or access.
+    cost_curve : numpy.ndarray
+        Relative cost of a pass over 1..16 new tokens (see
+        :attr:`PrefixCachedModel.cost_curve`); measured once per process for each
+        model file, ``n_threads`` and ``n_threads_batch``.
     n_evaluated_tokens : int
         Total number of tokens pushed through the model since creation or the
         last :meth:`reset` (a measure of model work; cached tokens are free).
@@ -64,8 +91,15 @@ class LlamaCppModel(PrefixCachedModel):
     ImportError
         If ``llama-cpp-python`` is not installed.
     ValueError
-        If an existing ``Llama`` was created without ``logits_all=True``, or if
-        keyword arguments are given together with an existing ``Llama``.
+        If an existing ``Llama`` was created without ``logits_all=True``, if
+        keyword arguments are given together with an existing ``Llama``, or if
+        ``cost_curve`` is not a valid curve.
+
+    Warns
+    -----
+    BatchVarianceWarning
+        At the first use, when the build is not batch-invariant and
+        ``min_eval_tokens`` is 1.
 
     Notes
     -----
@@ -95,6 +129,22 @@ class LlamaCppModel(PrefixCachedModel):
     ``min_eval_tokens=2`` removes both effects (at the price of evaluating
     two tokens where one would do) by never evaluating a token alone.
 
+    The difference comes from llama.cpp's "llamafile" matrix kernels, used
+    for batches: a build without them (``CMAKE_ARGS="-DGGML_NATIVE=OFF
+    -DGGML_LLAMAFILE=OFF" pip install --no-binary llama-cpp-python
+    llama-cpp-python``) gives bit-identical logits alone and in batches, and
+    then speculative greedy decoding equals plain greedy decoding with the
+    default ``min_eval_tokens=1``.  The adapter checks which build it has at
+    its first use (eight positions evaluated one at a time, in two batches of
+    4 and in one batch of 8, then the cache rolled back: about 17 one-token
+    passes, 0.1-0.2 s for SmolLM2-135M here) and says so in
+    :attr:`batch_invariant`, with a :class:`BatchVarianceWarning` when it is
+    False.
+
+    Only the logit rows asked for are computed (a prompt's other rows would
+    cost a fifth of its evaluation): ``llama.scores`` rows of positions
+    evaluated without one hold NaN in their first column.
+
     Examples
     --------
     >>> from specdec.models import LlamaCppModel, smollm2_path
@@ -103,9 +153,14 @@ class LlamaCppModel(PrefixCachedModel):
     """
 
     def __init__(
-        self, llama_or_model_path: Any, *, min_eval_tokens: int = 1, **llama_kwargs: Any
+        self,
+        llama_or_model_path: Any,
+        *,
+        min_eval_tokens: int = 1,
+        cost_curve: Any = None,
+        **llama_kwargs: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(cost_curve)
         if int(min_eval_tokens) < 1:
             raise ValueError(f"min_eval_tokens must be at least 1, got {min_eval_tokens}")
         llama_cpp = import_optional("llama_cpp", "LlamaCppModel", "llama", "llama-cpp-python")
@@ -138,6 +193,8 @@ class LlamaCppModel(PrefixCachedModel):
         # smallest of the three is how long a sequence can be.
         self._n_ctx = min(int(llama.n_ctx()), len(llama.input_ids), len(llama.scores))
         self.min_eval_tokens = int(min_eval_tokens)
+        self._batch = TokenBatch(llama_cpp, int(llama.n_batch))
+        self._batch_invariant: bool | None = None
 
     @staticmethod
     def _has_logits_all(llama: Any) -> bool:
@@ -166,13 +223,82 @@ class LlamaCppModel(PrefixCachedModel):
                 f"{self._n_ctx}); create the model with a larger n_ctx"
             )
 
+    def _max_length(self) -> int:
+        return self._n_ctx
+
+    def _calibration_key(self) -> Any:
+        llama = self.llama
+        threads = (getattr(llama, "n_threads", None), getattr(llama, "n_threads_batch", None))
+        return ("llama.cpp", str(getattr(llama, "model_path", id(llama))), *threads)
+
+    def _first_use(self) -> None:
+        self.batch_invariant  # noqa: B018 (checks the build once, maybe warns)
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether a token's logits are the same alone and in a batch (see Notes)."""
+        if self._batch_invariant is None:
+            self._batch_invariant = self._check_batch_invariance()
+            if not self._batch_invariant and self.min_eval_tokens < 2:
+                warnings.warn(
+                    "this llama.cpp build gives a token different logits when it is "
+                    "evaluated alone and inside a batch, so speculative greedy decoding "
+                    "can leave plain greedy decoding's text at near ties. Rebuild "
+                    'llama-cpp-python with CMAKE_ARGS="-DGGML_NATIVE=OFF '
+                    '-DGGML_LLAMAFILE=OFF" (pip install --no-binary llama-cpp-python '
+                    "--no-cache-dir llama-cpp-python), or create the model with "
+                    "min_eval_tokens=2 (one extra token per call)",
+                    BatchVarianceWarning,
+                    stacklevel=4,
+                )
+        return self._batch_invariant
+
+    def _check_batch_invariance(self) -> bool:
+        """Evaluate a few positions alone and in batches; True if bit-identical.
+
+        Runs on top of the cache's content (from an empty cache if there is no
+        room) and rolls the cache back to it afterwards.
+        """
+        n = _INVARIANCE_TOKENS
+        cached = np.array(self._cached_ids(), dtype=np.int64)
+        if cached.size + n > self._n_ctx:
+            cached = cached[:0]
+        probe = np.random.default_rng(1).integers(0, self.vocab_size, n)
+        seq = np.concatenate([cached, probe])
+        base = cached.size
+        try:
+            self._roll_back(base)
+            if self._cached_ids().shape[0] < base:  # a cache that cannot be cut
+                self._roll_back(0)
+                base = 0
+                seq = probe
+            alone = [self._evaluate(seq[: base + i + 1], base + i, 1)[0, 0] for i in range(n)]
+            for size in _INVARIANCE_BATCHES:
+                self._roll_back(base)
+                for begin in range(0, n, size):
+                    end = base + begin + size
+                    batched = self._evaluate(seq[:end], base + begin, size)[0]
+                    if not np.array_equal(batched, alone[begin : begin + size]):
+                        return False
+            return True
+        finally:
+            self._roll_back(base)
+
     def _first_to_evaluate(self, n_common: int, length: int, n_rows: int) -> int:
         # Rows of ``scores`` below the common prefix were computed from the same
         # tokens as now, so they are still valid: a call whose sequence is all
-        # cached evaluates nothing.  Otherwise evaluate at least min_eval_tokens.
-        if n_common < length:
-            return min(n_common, max(0, length - self.min_eval_tokens))
-        return n_common
+        # cached evaluates nothing.  But only the rows asked for are computed (see
+        # _evaluate): a wanted row that was not starts the evaluation there.
+        # When there is something to evaluate, evaluate at least min_eval_tokens.
+        start = n_common
+        first_row = length - n_rows
+        if first_row < start:
+            missing = np.flatnonzero(np.isnan(self.llama.scores[first_row:start, 0]))
+            if missing.size:
+                start = first_row + int(missing[0])
+        if start < length:
+            start = min(start, max(0, length - self.min_eval_tokens))
+        return start
 
     def _remove_from_cache(self, start: int) -> bool:
         """Remove KV-cache entries at positions ``>= start``; ``False`` if impossible.
@@ -217,12 +343,31 @@ class LlamaCppModel(PrefixCachedModel):
     # -- public API --------------------------------------------------------
 
     def _evaluate(self, seq: np.ndarray, start: int, n_rows: int) -> np.ndarray:
+        llama = self.llama
         length = seq.shape[0]
+        first_row = length - n_rows
         if start < length:
-            self.llama.eval(seq[start:].tolist())
+            tokens = seq[start:].astype(np.int32)
+            ctx = llama.ctx
+            for begin in range(start, length, self._batch.capacity):
+                end = min(length, begin + self._batch.capacity)
+                # Ask llama.cpp for the wanted rows only (at least one per batch).
+                first_output = min(max(first_row, begin), end - 1)
+                self._batch.decode(
+                    ctx, tokens[begin - start : end - start], begin, first_output - begin
+                )
+                # Keep the Llama object's own record right (see Notes): its tokens,
+                # the rows computed, and a NaN in the first column of each row that
+                # was not computed, so that no later call takes it for a valid one.
+                llama.input_ids[begin:end] = tokens[begin - start : end - start]
+                llama.scores[first_output:end] = self._batch.logits(
+                    ctx, end - first_output, self.vocab_size
+                )
+                llama.scores[begin:first_output, 0] = np.nan
+                llama.n_tokens = end
         # np.array copies: a view into llama.scores would change under the
         # caller's feet at the next evaluation.
-        return np.array(self.llama.scores[length - n_rows : length], dtype=np.float32)[None]
+        return np.array(llama.scores[first_row:length], dtype=np.float32)[None]
 
     # -- text ------------------------------------------------------------------
 

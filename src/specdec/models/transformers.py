@@ -38,6 +38,10 @@ class TransformersModel(PrefixCachedModel):
         :meth:`detokenize` and :attr:`eos_token_id` like
         :class:`~specdec.models.LlamaCppModel`, so that code driving either
         adapter can treat them alike.
+    cost_curve : array_like of float, optional
+        Time of a pass over ``i + 1`` new tokens relative to one token
+        (element 0 is 1.0); given, it replaces the calibration that
+        :attr:`cost_curve` otherwise runs on first access.
 
     Attributes
     ----------
@@ -54,11 +58,18 @@ class TransformersModel(PrefixCachedModel):
         last :meth:`reset`.
     n_forward_calls : int
         Number of :meth:`forward` calls since creation or the last :meth:`reset`.
+    cost_curve : numpy.ndarray
+        Relative cost of a pass over 1..16 new tokens (see
+        :attr:`PrefixCachedModel.cost_curve`); measured per model name, dtype,
+        device and ``torch.get_num_threads()`` (not shared between adapters when
+        the model's config has no name).
 
     Raises
     ------
     ImportError
         If ``torch`` or ``transformers`` is not installed.
+    ValueError
+        If ``cost_curve`` is not a valid curve.
 
     Notes
     -----
@@ -75,10 +86,12 @@ class TransformersModel(PrefixCachedModel):
 
     #: On a CPU, PyTorch evaluates a few tokens in about the time of one (the weights
     #: are read once per call): a draft costs the target little (see PrefixCachedModel).
-    speculation_cost = (0.1, 0.05)
+    default_speculation_cost = (0.1, 0.05)
 
-    def __init__(self, model: Any, device: Any = "cpu", *, tokenizer: Any = None) -> None:
-        super().__init__()
+    def __init__(
+        self, model: Any, device: Any = "cpu", *, tokenizer: Any = None, cost_curve: Any = None
+    ) -> None:
+        super().__init__(cost_curve)
         torch = import_optional("torch", "TransformersModel", "transformers")
         self._torch = torch
         self._DynamicCache = import_optional(
@@ -122,6 +135,14 @@ class TransformersModel(PrefixCachedModel):
 
     def _cached_ids(self) -> np.ndarray:
         return self._tokens
+
+    def _calibration_key(self) -> Any:
+        name = getattr(self.model.config, "name_or_path", "") or ""
+        if not name:
+            return None  # a model built in memory: nothing tells two of them apart
+        parameter = next(self.model.parameters(), None)
+        dtype = str(parameter.dtype) if parameter is not None else "?"
+        return ("transformers", name, dtype, str(self.device), self._torch.get_num_threads())
 
     def _new_cache(self) -> Any:
         if not self._cache_objects:

@@ -1,0 +1,171 @@
+"""The target's cost curve: how long a pass over n new tokens takes, relative to one.
+
+Speculation pays when a pass over the drafts plus one costs little more than a
+pass over one token.  How much more depends on the model, the library, the
+hardware and the thread settings (llama.cpp with one batch thread: 8 tokens cost
+about 3.8 one-token passes; with two, about 2.5; PyTorch on a CPU: barely more than
+one), so an adapter measures it once per process and setting, on first use.
+
+:func:`measure_cost_curve` times the passes through the adapter's own cache
+primitives (the same code path as decoding) on top of whatever the cache holds
+and leaves the cache as it found it (or empty, which is also consistent);
+:func:`check_cost_curve` validates a curve given by the user.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+__all__ = ["MAX_TOKENS", "check_cost_curve", "fit_speculation_cost", "measure_cost_curve"]
+
+#: The curve covers passes over 1 to MAX_TOKENS new tokens.
+MAX_TOKENS = 16
+
+#: Pass sizes that are timed; the others are interpolated linearly (the curve is
+#: smooth, and timing 10 sizes instead of 16 keeps the calibration short).
+MEASURED_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+
+#: Rounds of every size (interleaved); fewer when a round takes long (slow models).
+ROUNDS = 3
+#: After this many seconds no new round starts (at least one round always runs).
+TIME_BUDGET = 3.0
+#: Tokens of the made-up context evaluated first when the cache is empty.
+CONTEXT_TOKENS = 32
+
+logger = logging.getLogger("specdec.models")
+
+#: Curves measured in this process, by the adapter's calibration key.
+_MEASURED: dict = {}
+
+
+def check_cost_curve(value: Any) -> np.ndarray:
+    """A user's cost curve as a read-only float64 array, or a clear error.
+
+    Parameters
+    ----------
+    value : array_like of float
+        Element ``i`` is the time of a pass over ``i + 1`` new tokens relative to
+        one token: element 0 must be 1.0, every element finite and positive.
+
+    Returns
+    -------
+    numpy.ndarray
+
+    Raises
+    ------
+    ValueError
+        If the curve is empty, not 1-D, not finite and positive, or does not start at 1.
+    """
+    try:
+        curve = np.array(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"cost_curve must be a 1-D sequence of numbers, got {type(value).__name__}"
+        ) from None
+    if curve.ndim != 1 or curve.size == 0:
+        raise ValueError(f"cost_curve must be a non-empty 1-D sequence, got shape {curve.shape}")
+    if not np.all(np.isfinite(curve)) or not np.all(curve > 0):
+        raise ValueError("cost_curve must hold finite numbers > 0")
+    if curve[0] != 1.0:
+        raise ValueError(
+            f"cost_curve[0] must be 1.0 (costs are relative to a one-token pass), got {curve[0]}"
+        )
+    curve.flags.writeable = False
+    return curve
+
+
+def fit_speculation_cost(curve: np.ndarray) -> tuple:
+    """``(overhead, per_token)`` of the line that fits ``curve[n] = 1 + overhead + per_token n``.
+
+    A least-squares fit over ``n >= 1``, clipped at 0; the class default of the
+    adapters' ``speculation_cost`` when the curve has a single element.
+    """
+    n = np.arange(1, curve.size, dtype=np.float64)
+    if n.size == 0:
+        return (0.0, 0.0)
+    extra = curve[1:] - 1.0
+    if n.size == 1:
+        return (max(float(extra[0]), 0.0), 0.0)
+    per_token, overhead = np.polyfit(n, extra, 1)
+    per_token = max(float(per_token), 0.0)
+    overhead = max(float(np.mean(extra - per_token * n)), 0.0)
+    return (overhead, per_token)
+
+
+def measure_cost_curve(model: Any, max_length: int | None) -> np.ndarray:
+    """Time passes over 1..MAX_TOKENS new tokens through ``model``'s cache primitives.
+
+    Parameters
+    ----------
+    model : PrefixCachedModel
+        The adapter (its ``_cached_ids``, ``_roll_back`` and ``_evaluate`` are used).
+    max_length : int or None
+        Longest sequence the model takes (its context), if limited.
+
+    Returns
+    -------
+    numpy.ndarray
+        The read-only curve, float64, ``MAX_TOKENS`` elements, element 0 is 1.0.
+        Medians of the rounds, made non-decreasing (a pass over more tokens never
+        costs less; a dip is noise).
+    """
+    key = model._calibration_key()
+    if key is not None and key in _MEASURED:
+        return _MEASURED[key]
+    logger.info(
+        "specdec: measuring %s's cost of a pass over 1..%d tokens (once per process and "
+        "setting; pass cost_curve=... to skip)",
+        type(model).__name__,
+        MAX_TOKENS,
+    )
+    started = time.perf_counter()
+    cached = np.array(model._cached_ids(), dtype=np.int64)
+    probe = np.random.default_rng(0).integers(0, model.vocab_size, CONTEXT_TOKENS + MAX_TOKENS)
+    if cached.size and (max_length is None or cached.size + MAX_TOKENS <= max_length):
+        base, restore = cached, cached.size  # time on top of the user's context
+    else:
+        base, restore = probe[:CONTEXT_TOKENS], 0  # a made-up context, dropped afterwards
+    seq = np.concatenate([base, probe[CONTEXT_TOKENS:]])
+    n_base = base.size
+
+    def one_pass(k: int) -> float:
+        model._roll_back(n_base)
+        n_cached = model._cached_ids().shape[0]
+        if n_cached < n_base:  # a cache that cannot be cut was emptied: rebuild it
+            model._evaluate(seq[:n_base], n_cached, 1)
+        begin = time.perf_counter()
+        model._evaluate(seq[: n_base + k], n_base, k)
+        return time.perf_counter() - begin
+
+    try:
+        one_pass(1)  # warm-up: the first passes fault weights and buffers in
+        one_pass(MAX_TOKENS)
+        times: dict = {k: [] for k in MEASURED_SIZES}
+        for round_ in range(ROUNDS):
+            if round_ and time.perf_counter() - started > TIME_BUDGET:
+                break
+            order = MEASURED_SIZES if round_ % 2 == 0 else MEASURED_SIZES[::-1]
+            for k in order:
+                times[k].append(one_pass(k))
+    finally:
+        model._roll_back(restore)
+    medians = np.array([np.median(times[k]) for k in MEASURED_SIZES])
+    curve = np.interp(np.arange(1, MAX_TOKENS + 1), MEASURED_SIZES, medians / medians[0])
+    curve = np.maximum.accumulate(curve)
+    curve[0] = 1.0
+    curve.flags.writeable = False
+    seconds = time.perf_counter() - started
+    logger.info(
+        "specdec: %s cost curve measured in %.1f s: 8 tokens cost %.2f one-token passes",
+        type(model).__name__,
+        seconds,
+        curve[7],
+    )
+    if key is not None and math.isfinite(seconds):
+        _MEASURED[key] = curve
+    return curve

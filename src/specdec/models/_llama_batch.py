@@ -1,0 +1,89 @@
+"""Evaluating tokens with llama.cpp through its public C API, asking only for the rows needed.
+
+``llama_cpp.Llama.eval`` asks llama.cpp for the logits of *every* evaluated
+position when the model was created with ``logits_all=True`` and copies them all
+into ``Llama.scores``.  The decoder needs the rows of the drafted positions only:
+when a prompt of a few hundred tokens is evaluated, computing its other rows
+through the output layer (49,152 x 576 for SmolLM2) costs about a fifth of the
+prompt's time, and copying them costs more.  :class:`TokenBatch` fills a
+``llama_batch`` of its own from NumPy arrays, marks only the wanted positions as
+outputs and calls ``llama_decode``; everything it uses is ``llama_cpp``'s public
+low-level API.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from typing import Any
+
+import numpy as np
+
+__all__ = ["TokenBatch"]
+
+
+class TokenBatch:
+    """A ``llama_batch`` for one sequence (id 0) of up to ``capacity`` tokens.
+
+    Parameters
+    ----------
+    lib : module
+        The ``llama_cpp`` module.
+    capacity : int
+        Most tokens per :meth:`decode` call (the context's ``n_batch``).
+    """
+
+    def __init__(self, lib: Any, capacity: int) -> None:
+        self._lib = lib
+        self.capacity = int(capacity)
+        self._batch = lib.llama_batch_init(self.capacity, 0, 1)
+        # Freed with the object (llama_batch_init allocates its arrays with malloc).
+        self._finalizer = weakref.finalize(self, lib.llama_batch_free, self._batch)
+        batch = self._batch
+        for i in range(self.capacity):  # every token belongs to sequence 0, once set
+            batch.seq_id[i][0] = 0
+            batch.n_seq_id[i] = 1
+        self._positions = np.arange(self.capacity, dtype=np.int32)
+        self._flags = np.zeros(self.capacity, dtype=np.int8)
+
+    def decode(self, ctx: Any, tokens: np.ndarray, n_past: int, first_output: int) -> None:
+        """Evaluate ``tokens`` at positions ``n_past...``; rows from ``first_output`` on.
+
+        Parameters
+        ----------
+        ctx : llama_cpp.llama_context_p
+            The context (``Llama.ctx``).
+        tokens : numpy.ndarray of int32
+            At most ``capacity`` tokens, C-contiguous.
+        n_past : int
+            Position of ``tokens[0]``; the cache must hold exactly the positions before.
+        first_output : int
+            Index in ``tokens`` of the first position whose logits are wanted
+            (``len(tokens) - 1`` at most: llama.cpp always gets at least one output).
+
+        Raises
+        ------
+        RuntimeError
+            If ``llama_decode`` fails (no room in the KV cache, or an error).
+        """
+        n = tokens.shape[0]
+        batch = self._batch
+        batch.n_tokens = n
+        ctypes.memmove(batch.token, tokens.ctypes.data, 4 * n)
+        positions = self._positions[:n] + np.int32(n_past)
+        ctypes.memmove(batch.pos, positions.ctypes.data, 4 * n)
+        flags = self._flags[:n]
+        flags[:first_output] = 0
+        flags[first_output:] = 1
+        ctypes.memmove(batch.logits, flags.ctypes.data, n)
+        code = self._lib.llama_decode(ctx, batch)
+        if code != 0:
+            raise RuntimeError(f"llama_decode returned {code} for {n} tokens at position {n_past}")
+
+    def logits(self, ctx: Any, n_rows: int, n_vocab: int) -> np.ndarray:
+        """The last :meth:`decode`'s output rows, a view of llama.cpp's buffer.
+
+        Valid until the next evaluation: copy what must be kept.
+        """
+        pointer = self._lib.llama_get_logits(ctx)
+        return np.ctypeslib.as_array(pointer, shape=(n_rows, n_vocab))
