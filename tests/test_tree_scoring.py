@@ -1,0 +1,65 @@
+"""Scoring a tree with a target (``specdec.models._tree_scoring``) and adapters' tree passes.
+
+For every model: the tree's rows equal the rows of evaluating each node's branch as a
+plain sequence, and after the step the model's next ``forward`` over the kept sequence
+gives the logits of a fresh model on it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from toymodels import ContextModel
+
+from specdec.models._tree_scoring import node_paths, score_tree, score_tree_by_branches
+
+TREES = {
+    "empty": ([], []),
+    "chain": ([1, 2, 3], [-1, 0, 1]),
+    "star": ([0, 1, 2], [-1, -1, -1]),
+    "two-level": ([4, 1, 2, 0, 3, 3], [-1, -1, 0, 0, 1, 4]),
+}
+
+
+def reference_rows(model, prefix, tokens, parents):
+    """Row 0 after the prefix, row i + 1 after the prefix and node i's path, one call each."""
+    rows = [model.next_logits(list(prefix))]
+    for path in node_paths(parents):
+        rows.append(model.next_logits(list(prefix) + [tokens[j] for j in path]))
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("name", sorted(TREES))
+def test_branch_scoring_equals_each_branch_as_a_sequence(name):
+    tokens, parents = TREES[name]
+    model = ContextModel(vocab_size=5, seed=3)
+    prefix = [2, 0, 4]
+    rows = score_tree(model, prefix, np.array(tokens, dtype=np.int64), np.array(parents))
+    expected = reference_rows(model, prefix, tokens, parents)
+    assert rows.shape == (len(tokens) + 1, 5)
+    np.testing.assert_array_equal(rows, expected.astype(np.float32))
+
+
+def test_node_paths():
+    assert node_paths([-1, -1, 0, 0, 1, 4]) == [[0], [1], [0, 2], [0, 3], [1, 4], [1, 4, 5]]
+
+
+def test_one_call_per_leaf():
+    model = ContextModel(vocab_size=5, seed=1)
+    tokens, parents = TREES["two-level"]
+    score_tree_by_branches(model, [1, 2], tokens, parents)
+    assert model.calls == 3  # leaves 2, 3 and 5
+
+
+@pytest.mark.parametrize(
+    ("tokens", "parents", "match"),
+    [
+        ([1, 2], [-1, 1], r"parents\[1\]"),
+        ([1, 2], [-1, -2], r"parents\[1\]"),
+        ([1, 2], [-1], "same length"),
+        ([1.0], [-1], "token_ids must be integers"),
+    ],
+)
+def test_malformed_trees_are_refused(tokens, parents, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        score_tree_by_branches(ContextModel(), [1], np.array(tokens), np.array(parents))
