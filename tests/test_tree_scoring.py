@@ -63,3 +63,52 @@ def test_one_call_per_leaf():
 def test_malformed_trees_are_refused(tokens, parents, match):
     with pytest.raises((ValueError, TypeError), match=match):
         score_tree_by_branches(ContextModel(), [1], np.array(tokens), np.array(parents))
+
+
+# -- a real adapter: SmolLM2 through llama.cpp (skipped where absent) ---------------------
+
+LLAMA_KW = dict(n_ctx=256, n_threads=2, seed=0, verbose=False)
+# Adapters that never evaluate a token alone (min_eval_tokens=2) agree with a fresh
+# one-batch evaluation to this tolerance (tests/test_models.py, LLAMA_BATCHED_TOL).
+LLAMA_TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def smol_pair():
+    """A cached target scoring trees, and a judge that evaluates each sequence from empty."""
+    pytest.importorskip("llama_cpp")
+    from specdec import models
+
+    try:
+        path = models.smollm2_path()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    target = models.LlamaCppModel(path, min_eval_tokens=2, **LLAMA_KW)
+    judge = models.LlamaCppModel(path, min_eval_tokens=2, **LLAMA_KW)
+    return target, judge
+
+
+def test_llama_tree_rows_equal_each_branch_and_next_forward_equals_fresh(smol_pair):
+    target, judge = smol_pair
+    prefix = target.tokenize("Once upon a time, in a small village by the sea")
+    ids = [target.tokenize(w, add_bos=False)[0] for w in (" there", " lived", " a", " was")]
+    tokens = np.array([ids[0], ids[3], ids[1], ids[2], ids[0]], dtype=np.int64)
+    parents = np.array([-1, -1, 0, 0, 1])
+    target.reset()
+    target.forward(np.array([prefix]))  # a warm cache, as in decoding
+    rows = score_tree(target, prefix, tokens, parents)
+
+    def fresh_last(seq):
+        judge.reset()
+        return judge.forward(np.array([seq]), logits_to_keep=1)[0, -1]
+
+    expected = [fresh_last(prefix)]
+    for path in node_paths(parents):
+        expected.append(fresh_last(prefix + tokens[path].tolist()))
+    np.testing.assert_allclose(rows, np.array(expected), atol=LLAMA_TOL, rtol=0)
+    # The decoder keeps node 1 then node 4 and draws one more token after them.
+    kept = prefix + tokens[[1, 4]].tolist() + [ids[2]]
+    after = target.forward(np.array([kept]), logits_to_keep=3)[0]
+    judge.reset()
+    fresh = judge.forward(np.array([kept]), logits_to_keep=3)[0]
+    np.testing.assert_allclose(after, fresh, atol=LLAMA_TOL, rtol=0)
