@@ -73,8 +73,8 @@ LLAMA_KW = dict(n_ctx=256, n_threads=2, seed=0, verbose=False)
 LLAMA_TOL = 1e-3
 
 
-@pytest.fixture(scope="module")
-def smol_pair():
+@pytest.fixture(scope="module", params=["branches", "one pass"])
+def smol_pair(request):
     """A cached target scoring trees, and a judge that evaluates each sequence from empty."""
     pytest.importorskip("llama_cpp")
     from specdec import models
@@ -83,7 +83,12 @@ def smol_pair():
         path = models.smollm2_path()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    target = models.LlamaCppModel(path, min_eval_tokens=2, **LLAMA_KW)
+    if request.param == "one pass":
+        from specdec.models._llama_tree import LlamaCppTreeModel
+
+        target = LlamaCppTreeModel(path, tree_width=4, min_eval_tokens=2, **LLAMA_KW)
+    else:
+        target = models.LlamaCppModel(path, min_eval_tokens=2, **LLAMA_KW)
     judge = models.LlamaCppModel(path, min_eval_tokens=2, **LLAMA_KW)
     return target, judge
 
@@ -96,7 +101,10 @@ def test_llama_tree_rows_equal_each_branch_and_next_forward_equals_fresh(smol_pa
     parents = np.array([-1, -1, 0, 0, 1])
     target.reset()
     target.forward(np.array([prefix]))  # a warm cache, as in decoding
+    calls = target.n_forward_calls
     rows = score_tree(target, prefix, tokens, parents)
+    one_pass = hasattr(target, "forward_tree")
+    assert target.n_forward_calls - calls == (1 if one_pass else 3)
 
     def fresh_last(seq):
         judge.reset()
@@ -111,4 +119,21 @@ def test_llama_tree_rows_equal_each_branch_and_next_forward_equals_fresh(smol_pa
     after = target.forward(np.array([kept]), logits_to_keep=3)[0]
     judge.reset()
     fresh = judge.forward(np.array([kept]), logits_to_keep=3)[0]
+    np.testing.assert_allclose(after, fresh, atol=LLAMA_TOL, rtol=0)
+
+
+def test_llama_one_pass_keeps_the_first_branch_in_the_cache(smol_pair):
+    target, judge = smol_pair
+    if not hasattr(target, "forward_tree"):
+        pytest.skip("branch scoring leaves whichever branch was evaluated last")
+    prefix = target.tokenize("The capital of France is")
+    tokens = np.array([12, 40, 7, 9], dtype=np.int64)
+    parents = np.array([-1, -1, 0, 2])
+    score_tree(target, prefix, tokens, parents)
+    kept = prefix + tokens[[0, 2, 3]].tolist() + [5]
+    evaluated = target.n_evaluated_tokens
+    after = target.forward(np.array([kept]), logits_to_keep=4)[0]
+    assert target.n_evaluated_tokens - evaluated == 2  # min_eval_tokens=2: node 3 again, and 5
+    judge.reset()
+    fresh = judge.forward(np.array([kept]), logits_to_keep=4)[0]
     np.testing.assert_allclose(after, fresh, atol=LLAMA_TOL, rtol=0)
