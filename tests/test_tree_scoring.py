@@ -137,3 +137,19 @@ def test_llama_one_pass_keeps_the_first_branch_in_the_cache(smol_pair):
     judge.reset()
     fresh = judge.forward(np.array([kept]), logits_to_keep=4)[0]
     np.testing.assert_allclose(after, fresh, atol=LLAMA_TOL, rtol=0)
+
+
+def test_llama_tree_wider_than_tree_width_is_scored_by_branches(smol_pair):
+    target, judge = smol_pair
+    if not hasattr(target, "forward_tree"):
+        pytest.skip("only the one-pass adapter has a width")
+    prefix = target.tokenize("Hello")
+    tokens = np.array([20, 21, 22, 23, 24], dtype=np.int64)  # 5 leaves > tree_width 4
+    parents = np.full(5, -1)
+    calls = target.n_forward_calls
+    rows = score_tree(target, prefix, tokens, parents)
+    assert target.n_forward_calls - calls == 5
+    for i in range(5):
+        judge.reset()
+        fresh = judge.forward(np.array([prefix + [20 + i]]), logits_to_keep=1)[0, -1]
+        np.testing.assert_allclose(rows[i + 1], fresh, atol=LLAMA_TOL, rtol=0)
