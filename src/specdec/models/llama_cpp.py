@@ -216,6 +216,11 @@ class LlamaCppModel(PrefixCachedModel):
             return bool(params.logits_all)
         return llama.scores.shape[0] >= len(llama.input_ids)
 
+    @property
+    def _context(self) -> Any:
+        """The llama.cpp context evaluated in (a subclass may bring its own)."""
+        return self.llama.ctx
+
     # -- cache bookkeeping -------------------------------------------------
 
     # -- the cache (see PrefixCachedModel) -----------------------------------
@@ -325,7 +330,7 @@ class LlamaCppModel(PrefixCachedModel):
         llama.cpp reports by returning false.
         """
         lib = self._llama_cpp
-        ctx = self.llama.ctx
+        ctx = self._context
         if hasattr(lib, "llama_memory_seq_rm") and hasattr(lib, "llama_get_memory"):
             mem = lib.llama_get_memory(ctx)
             if mem is None:
@@ -365,7 +370,7 @@ class LlamaCppModel(PrefixCachedModel):
             rows[: start - first_row] = self._kept_rows[offset : offset + start - first_row]
         if start < length:
             tokens = seq[start:].astype(np.int32)
-            ctx = llama.ctx
+            ctx = self._context
             for begin in range(start, length, self._batch.capacity):
                 end = min(length, begin + self._batch.capacity)
                 # Ask llama.cpp for the wanted rows only (at least one per batch).

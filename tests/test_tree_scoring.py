@@ -1,0 +1,155 @@
+"""Scoring a tree with a target (``specdec.models._tree_scoring``) and adapters' tree passes.
+
+For every model: the tree's rows equal the rows of evaluating each node's branch as a
+plain sequence, and after the step the model's next ``forward`` over the kept sequence
+gives the logits of a fresh model on it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from toymodels import ContextModel
+
+from specdec.models._tree_scoring import node_paths, score_tree, score_tree_by_branches
+
+TREES = {
+    "empty": ([], []),
+    "chain": ([1, 2, 3], [-1, 0, 1]),
+    "star": ([0, 1, 2], [-1, -1, -1]),
+    "two-level": ([4, 1, 2, 0, 3, 3], [-1, -1, 0, 0, 1, 4]),
+}
+
+
+def reference_rows(model, prefix, tokens, parents):
+    """Row 0 after the prefix, row i + 1 after the prefix and node i's path, one call each."""
+    rows = [model.next_logits(list(prefix))]
+    for path in node_paths(parents):
+        rows.append(model.next_logits(list(prefix) + [tokens[j] for j in path]))
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("name", sorted(TREES))
+def test_branch_scoring_equals_each_branch_as_a_sequence(name):
+    tokens, parents = TREES[name]
+    model = ContextModel(vocab_size=5, seed=3)
+    prefix = [2, 0, 4]
+    rows = score_tree(model, prefix, np.array(tokens, dtype=np.int64), np.array(parents))
+    expected = reference_rows(model, prefix, tokens, parents)
+    assert rows.shape == (len(tokens) + 1, 5)
+    np.testing.assert_array_equal(rows, expected.astype(np.float32))
+
+
+def test_node_paths():
+    assert node_paths([-1, -1, 0, 0, 1, 4]) == [[0], [1], [0, 2], [0, 3], [1, 4], [1, 4, 5]]
+
+
+def test_one_call_per_leaf():
+    model = ContextModel(vocab_size=5, seed=1)
+    tokens, parents = TREES["two-level"]
+    score_tree_by_branches(model, [1, 2], tokens, parents)
+    assert model.calls == 3  # leaves 2, 3 and 5
+
+
+@pytest.mark.parametrize(
+    ("tokens", "parents", "match"),
+    [
+        ([1, 2], [-1, 1], r"parents\[1\]"),
+        ([1, 2], [-1, -2], r"parents\[1\]"),
+        ([1, 2], [-1], "same length"),
+        ([1.0], [-1], "token_ids must be integers"),
+    ],
+)
+def test_malformed_trees_are_refused(tokens, parents, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        score_tree_by_branches(ContextModel(), [1], np.array(tokens), np.array(parents))
+
+
+# -- a real adapter: SmolLM2 through llama.cpp (skipped where absent) ---------------------
+
+LLAMA_KW = dict(n_ctx=256, n_threads=2, seed=0, verbose=False)
+# Adapters that never evaluate a token alone (min_eval_tokens=2) agree with a fresh
+# one-batch evaluation to this tolerance (tests/test_models.py, LLAMA_BATCHED_TOL).
+LLAMA_TOL = 1e-3
+
+
+@pytest.fixture(scope="module", params=["branches", "one pass"])
+def smol_pair(request):
+    """A cached target scoring trees, and a judge that evaluates each sequence from empty."""
+    pytest.importorskip("llama_cpp")
+    from specdec import models
+
+    try:
+        path = models.smollm2_path()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    if request.param == "one pass":
+        from specdec.models._llama_tree import LlamaCppTreeModel
+
+        target = LlamaCppTreeModel(path, tree_width=4, min_eval_tokens=2, **LLAMA_KW)
+    else:
+        target = models.LlamaCppModel(path, min_eval_tokens=2, **LLAMA_KW)
+    judge = models.LlamaCppModel(path, min_eval_tokens=2, **LLAMA_KW)
+    return target, judge
+
+
+def test_llama_tree_rows_equal_each_branch_and_next_forward_equals_fresh(smol_pair):
+    target, judge = smol_pair
+    prefix = target.tokenize("Once upon a time, in a small village by the sea")
+    ids = [target.tokenize(w, add_bos=False)[0] for w in (" there", " lived", " a", " was")]
+    tokens = np.array([ids[0], ids[3], ids[1], ids[2], ids[0]], dtype=np.int64)
+    parents = np.array([-1, -1, 0, 0, 1])
+    target.reset()
+    target.forward(np.array([prefix]))  # a warm cache, as in decoding
+    calls = target.n_forward_calls
+    rows = score_tree(target, prefix, tokens, parents)
+    one_pass = hasattr(target, "forward_tree")
+    assert target.n_forward_calls - calls == (1 if one_pass else 3)
+
+    def fresh_last(seq):
+        judge.reset()
+        return judge.forward(np.array([seq]), logits_to_keep=1)[0, -1]
+
+    expected = [fresh_last(prefix)]
+    for path in node_paths(parents):
+        expected.append(fresh_last(prefix + tokens[path].tolist()))
+    np.testing.assert_allclose(rows, np.array(expected), atol=LLAMA_TOL, rtol=0)
+    # The decoder keeps node 1 then node 4 and draws one more token after them.
+    kept = prefix + tokens[[1, 4]].tolist() + [ids[2]]
+    after = target.forward(np.array([kept]), logits_to_keep=3)[0]
+    judge.reset()
+    fresh = judge.forward(np.array([kept]), logits_to_keep=3)[0]
+    np.testing.assert_allclose(after, fresh, atol=LLAMA_TOL, rtol=0)
+
+
+def test_llama_one_pass_keeps_the_first_branch_in_the_cache(smol_pair):
+    target, judge = smol_pair
+    if not hasattr(target, "forward_tree"):
+        pytest.skip("branch scoring leaves whichever branch was evaluated last")
+    prefix = target.tokenize("The capital of France is")
+    tokens = np.array([12, 40, 7, 9], dtype=np.int64)
+    parents = np.array([-1, -1, 0, 2])
+    score_tree(target, prefix, tokens, parents)
+    kept = prefix + tokens[[0, 2, 3]].tolist() + [5]
+    evaluated = target.n_evaluated_tokens
+    after = target.forward(np.array([kept]), logits_to_keep=4)[0]
+    assert target.n_evaluated_tokens - evaluated == 2  # min_eval_tokens=2: node 3 again, and 5
+    judge.reset()
+    fresh = judge.forward(np.array([kept]), logits_to_keep=4)[0]
+    np.testing.assert_allclose(after, fresh, atol=LLAMA_TOL, rtol=0)
+
+
+def test_llama_tree_wider_than_tree_width_is_scored_by_branches(smol_pair):
+    target, judge = smol_pair
+    if not hasattr(target, "forward_tree"):
+        pytest.skip("only the one-pass adapter has a width")
+    prefix = target.tokenize("Hello")
+    tokens = np.array([20, 21, 22, 23, 24], dtype=np.int64)  # 5 leaves > tree_width 4
+    parents = np.full(5, -1)
+    calls = target.n_forward_calls
+    rows = score_tree(target, prefix, tokens, parents)
+    assert target.n_forward_calls - calls == 5
+    for i in range(5):
+        judge.reset()
+        fresh = judge.forward(np.array([prefix + [20 + i]]), logits_to_keep=1)[0, -1]
+        np.testing.assert_allclose(rows[i + 1], fresh, atol=LLAMA_TOL, rtol=0)
