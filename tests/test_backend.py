@@ -73,7 +73,6 @@ def _public(module):
     }
 
 
-@needs_core
 @pytest.mark.parametrize("value", ["", "0", "false", "No", " no ", "1", "yes", "TRUE", "x"])
 def test_setup_py_reads_environment_flags_by_the_same_rule(value, monkeypatch):
     """setup.py cannot import specdec, so it repeats env_flag: the two must agree."""
@@ -85,6 +84,7 @@ def test_setup_py_reads_environment_flags_by_the_same_rule(value, monkeypatch):
     assert namespace["_flag"]("SPECDEC_TEST_FLAG") == env_flag("SPECDEC_TEST_FLAG")
 
 
+@needs_core
 def test_both_kernel_modules_define_the_same_functions():
     from specdec import _core, _fallback
 
