@@ -26,6 +26,7 @@ from toymodels import ContextModel
 import specdec
 from specdec import SpeculativeDecoder
 from specdec.drafters import Chain, NGram, PromptLookup
+from specdec.drafters.cost import DEFAULT_COST_CURVE
 from specdec.models._cached import PrefixCachedModel
 
 REQUIRE_MODELS = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
@@ -43,7 +44,9 @@ class CachedToyModel(PrefixCachedModel):
     """
 
     def __init__(self, seed=0):
-        super().__init__()
+        # A fixed cost curve: a measured one (timed on first use, per instance) would
+        # make the draft lengths, and so the ids, differ between two fresh models.
+        super().__init__(cost_curve=DEFAULT_COST_CURVE)
         self.inner = ContextModel(V, seed=seed, scale=2.0, period=5)
         self.vocab_size = V
         self._ids = np.zeros(0, dtype=np.int64)
