@@ -618,7 +618,7 @@ def _valid_arrays(tmp_path):
         ({"format": np.array("something else")}, "missing or wrong 'format' marker"),
         ({"version": np.int64(99)}, "version 99"),
         ({"order": np.int64(1)}, r"invalid options \(order must be an int >= 2"),
-        ({"min_count": np.float64(0.5)}, r"invalid options \(min_count must be an int"),
+        ({"min_count": np.float64(0.5)}, r"missing or malformed option \(min_count is of dtype"),
         ({"counts_2": np.array([1, 0])}, "counts_2 holds a count below 1"),
         ({"grams_2": np.array([[1, 2], [2, 7]])}, r"grams_2 holds token id 7, outside"),
         ({"grams_2": np.array([[1, 2], [1, 2]])}, r"grams_2 holds \(1, 2\) twice"),

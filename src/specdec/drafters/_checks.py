@@ -23,7 +23,13 @@ def check_proposal(proposal, max_tokens: int, name: str) -> np.ndarray:
     if type(proposal) is np.ndarray and proposal.dtype == np.int64 and proposal.ndim == 1:
         array = proposal  # the common case, on every step
     elif isinstance(proposal, (np.ndarray, list, tuple)):
-        array = np.asarray(proposal)
+        try:
+            array = np.asarray(proposal)
+        except (TypeError, ValueError) as exc:  # ragged lists, objects NumPy cannot read
+            raise TypeError(
+                f"drafter {name} proposed {type(proposal).__name__} that is not an array "
+                f"of ids ({exc}); expected a 1-D array of int token ids"
+            ) from None
         if array.ndim == 1 and array.size == 0:
             return empty_proposal()
         if array.ndim != 1 or array.dtype.kind not in "iu":

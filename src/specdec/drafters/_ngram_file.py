@@ -108,8 +108,14 @@ def read(path: Path) -> tuple[int, dict, dict]:
     options = {}
     try:
         for name in ("version", "order", *OPTIONS):
-            if name in arrays and arrays[name].shape != ():
+            if name not in arrays:
+                continue
+            if arrays[name].shape != ():
                 raise ValueError(f"{name} has shape {arrays[name].shape}")
+            # What write() stores: int64 ints, a bool, a float (not 3.7 read as 3).
+            kind = np.dtype(_OPTION_TYPES.get(name, np.int64)).kind
+            if arrays[name].dtype.kind != kind:
+                raise ValueError(f"{name} is of dtype {arrays[name].dtype}")
         version = int(arrays["version"])
         order = int(arrays["order"])
         for name in OPTIONS:

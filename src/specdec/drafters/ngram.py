@@ -240,7 +240,15 @@ class NGram(Drafter):
         )
 
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
+        # Under the lock that updates hold: a copy or pickle taken while another thread
+        # learns sees the counts of one moment, not a dict changing size.
+        with self._lock:
+            state = self.__dict__.copy()
+            state["_counts"] = dict(self._counts)
+            state["_contexts"] = {
+                context: _Context(seen.total, seen.best, seen.best_count)
+                for context, seen in self._contexts.items()
+            }
         del state["_lock"]  # a lock cannot be copied or pickled; a copy gets its own
         return state
 
