@@ -29,6 +29,7 @@ import pytest
 from toymodels import ContextModel
 
 from specdec import SpeculativeDecoder, SpeculativeDecodingStats, sample
+from specdec._verifier import Verifier
 
 DTYPES = [np.float32, np.float64]
 
@@ -735,7 +736,8 @@ class _SpyKernels:
 
 def test_verify_gets_the_draft_weights_sample_token_made(backend):
     decoder = SpeculativeDecoder(4, 1.0, backend=backend)
-    decoder._kernels = spy = _SpyKernels(decoder._kernels)
+    decoder._verifier = verifier = Verifier(backend)  # its own: the shared one stays clean
+    verifier.kernels = spy = _SpyKernels(verifier.kernels)
     decoder.generate(ContextModel(6, seed=3), ContextModel(6, seed=4), [1, 2], 30, rng=0)
     # every verified draft row is the one produced for it (passes line up in order)
     assert len(spy.produced) == len(spy.verified) > 0

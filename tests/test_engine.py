@@ -34,6 +34,7 @@ from toymodels import ContextModel, pooled_chisquare, same_state, warped_probs
 
 import specdec
 from specdec import _engine_run, engine
+from specdec._verifier import Verifier
 from specdec.engine import verify, verify_batch
 
 ALPHA = 1e-3
@@ -286,7 +287,8 @@ class _Recorder:
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_verify_equals_the_decoders_step(backend, scheme, controls, dtype):
     decoder = specdec.SpeculativeDecoder(4, verification=scheme, backend=backend, **controls)
-    decoder._kernels = spy = _Recorder(decoder._kernels)
+    decoder._verifier = verifier = Verifier(backend)  # its own: the shared one stays clean
+    verifier.kernels = spy = _Recorder(verifier.kernels)
     draft = ContextModel(6, seed=3, dtype=dtype, scale=1.0)
     target = ContextModel(6, seed=4, dtype=dtype)
     decoder.generate(draft, target, [1, 2], 60, rng=5)

@@ -6,8 +6,10 @@ escapes"): it failed before the fix.  Behavioural cases run on both backends.
 
 from __future__ import annotations
 
+import copy
 import io
 import os
+import pickle
 import re
 import sys
 import threading
@@ -142,6 +144,23 @@ def test_a_chained_draft_model_with_another_vocabulary_is_named(backend):
         ValueError, match="disagree on the vocabulary: the draft has 7 tokens, the target 5"
     ):
         _generate(backend, chain)
+
+
+@pytest.mark.parametrize("draft_vocab", [3, 7])
+def test_a_draft_model_sampled_first_with_another_vocabulary_is_named(backend, draft_vocab):
+    # No drafter proposes on the first step, so the draft model runs before the target;
+    # the target declares its vocabulary, the draft model (a plain callable) does not.
+    # Its first row is checked against the target's before a token is drawn from it.
+    other = ContextModel(vocab_size=draft_vocab, seed=3)
+    chain = Chain(_Fixed(np.zeros(0, np.int64)), lambda ids: other.forward(ids))
+    target = ContextModel(5, seed=0)
+    with pytest.raises(
+        ValueError,
+        match=f"disagree on the vocabulary: the draft has {draft_vocab} tokens, the target 5",
+    ):
+        decoder = SpeculativeDecoder(3, draft_length="fixed", backend=backend)
+        decoder.generate(chain, target, [0, 1, 2], 5, rng=0)
+    assert target.calls == 0
 
 
 def test_a_chain_names_its_drafter_returning_none():
@@ -302,6 +321,31 @@ def test_ngram_load_refuses_members_it_does_not_know(tmp_path):
     _refused(path, "member 'counts_2' holds dtype object, not plain numbers")
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("order", np.float64(3.7)),
+        ("order", np.array("3")),
+        ("version", np.float64(1.5)),
+        ("num_tokens", np.float64(10.9)),
+        ("vocab_size", np.float64(50.5)),
+        ("online", np.int64(5)),
+        ("min_probability", np.int64(0)),
+    ],
+)
+def test_ngram_load_refuses_an_option_of_another_dtype(tmp_path, name, value):
+    # Read as int(3.7) == 3, a float would load silently as another drafter.
+    member = io.BytesIO()
+    np.save(member, value)
+    path = _rezip(_saved(tmp_path), tmp_path / "typed.npz", {f"{name}.npy": member.getvalue()})
+    _refused(path, f"malformed option \\({name} is of dtype")
+
+
+def test_a_drafter_proposing_a_ragged_list_is_named(backend):
+    with pytest.raises(TypeError, match=r"drafter _Fixed proposed list that is not an array"):
+        _generate(backend, _Fixed([[1], [2, 3]]))
+
+
 def test_ngram_load_refuses_a_flipped_compression_method(tmp_path):
     data = bytearray(_saved(tmp_path).read_bytes())
     for signature, offset in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):
@@ -315,7 +359,8 @@ def test_ngram_load_refuses_a_flipped_compression_method(tmp_path):
 # -- NGram: saving while another thread learns (item 10) -----------------------------------
 
 
-def test_ngram_save_while_another_thread_learns(tmp_path):
+@pytest.mark.parametrize("operation", ["save", "deepcopy", "pickle"])
+def test_ngram_save_while_another_thread_learns(tmp_path, operation):
     # Deterministic interleaving: at each C call save makes, the main thread lets the
     # learner thread run one update (new n-grams) and waits for it.  Before the fix,
     # an update in the middle of save's loop over the counts broke it ("dictionary
@@ -353,7 +398,12 @@ def test_ngram_save_while_another_thread_learns(tmp_path):
     thread.start()
     sys.setprofile(hook)
     try:
-        drafter.save(tmp_path / "saved.npz")
+        if operation == "save":
+            drafter.save(tmp_path / "saved.npz")
+        elif operation == "deepcopy":
+            copied = copy.deepcopy(drafter)
+        else:
+            pickled = pickle.dumps(drafter)
     finally:
         sys.setprofile(None)
         done.wait(10.0)
@@ -361,8 +411,11 @@ def test_ngram_save_while_another_thread_learns(tmp_path):
         go.set()
         thread.join(10.0)
     assert blocked and not errors and not thread.is_alive()
-    saved = NGram.load(tmp_path / "saved.npz").num_grams
-    assert before <= saved < drafter.num_grams
+    if operation == "save":
+        copied = NGram.load(tmp_path / "saved.npz")
+    elif operation == "pickle":
+        copied = pickle.loads(pickled)
+    assert before <= copied.num_grams < drafter.num_grams
 
 
 # -- NGram: bounded memory, with a documented eviction rule (item 11) -----------------------

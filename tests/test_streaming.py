@@ -398,8 +398,14 @@ def test_hf_text_iterator_streamer_in_a_thread(tiny_hf, backend):
 def test_transformers_interrupted_mid_forward_then_clean(tiny_hf, backend):
     """Ctrl-C inside the model's forward (a layer hook): the adapter drops its cache."""
     model, tokenizer = tiny_hf
-    target = specdec.models.TransformersModel(model, tokenizer=tokenizer)
-    clean = specdec.models.TransformersModel(model, tokenizer=tokenizer)
+    # Fixed cost curves: a model built in memory is calibrated per adapter, and two
+    # timed curves would make the adapters draft differently (other ids, same law).
+    target = specdec.models.TransformersModel(
+        model, tokenizer=tokenizer, cost_curve=DEFAULT_COST_CURVE
+    )
+    clean = specdec.models.TransformersModel(
+        model, tokenizer=tokenizer, cost_curve=DEFAULT_COST_CURVE
+    )
     prompt = target.tokenize("one two one two one two ")
     calls = []
 

@@ -101,3 +101,12 @@ def kernels_for(backend: str | None) -> ModuleType:
             )
         return _core
     raise ValueError(f"backend must be 'cython', 'python' or None, got {backend!r}")
+
+
+def backend_name(kernels: ModuleType) -> str:
+    """``"python"`` for the pure-Python twin, ``"cython"`` for the compiled core."""
+    if kernels is _fallback:
+        return "python"
+    if _core is not None and kernels is _core:
+        return "cython"
+    raise ValueError(f"{kernels!r} is not one of specdec's kernel modules")

@@ -7,8 +7,6 @@ import time
 
 import numpy as np
 
-from specdec._common import InvalidLogitsError
-
 _LOGIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -138,13 +136,18 @@ class ModelCaller:
             rows = np.ascontiguousarray(rows)
         return rows
 
-    def invalid_logits(self, error: InvalidLogitsError, first_position: int) -> ValueError:
-        """The user-facing error for a kernel's InvalidLogitsError.
+    def row_namer(self, first_position: int):
+        """The verifier's row namer for rows that start at sequence ``first_position``.
 
-        ``first_position`` is the sequence position of the kernel's row 0.
+        Row ``i`` of the kernel's block holds this model's logits at position
+        ``first_position + i``, the row that predicts the token after it.
         """
-        position = first_position + error.row
-        return ValueError(
-            f"{self.name} returned {error.reason} at position {position} "
-            f"(the row predicting token {position + 1})"
-        )
+
+        def name(row: int, reason: str) -> str:
+            position = first_position + row
+            return (
+                f"{self.name} returned {reason} at position {position} "
+                f"(the row predicting token {position + 1})"
+            )
+
+        return name

@@ -1,21 +1,16 @@
-"""The speculative decoding loop and plain sampling, shared by both backends.
+"""The speculative decoder and plain sampling: the public calls, their checks, settings.
 
-The loop is thin Python: it keeps the sequence in one int64 buffer, hands the models
-read-only views of it, gets each step's draft from a draft model (``sample_token`` per
-token) or a deterministic drafter (one-hot drafts), and calls ``verify`` once per
-target pass, from ``specdec._core`` or its twin ``specdec._fallback``.
+:class:`SpeculativeDecoder` holds the validated, live settings (as the reference's
+attributes are) and the draft-length policy it keeps across calls; each call checks
+its arguments, builds a :class:`~specdec._streaming.Run` and runs the loop of
+:mod:`specdec._loop` on it, through the backend's :class:`~specdec._verifier.Verifier`.
+:func:`sample` is plain sampling through the same kernels, the baseline.
 """
 
 from __future__ import annotations
 
-import time
-
-import numpy as np
-
-from specdec._backend import kernels_for
 from specdec._calling import ModelCaller
-from specdec._common import LAW_DTYPE, InvalidLogitsError
-from specdec._drafting import DraftRows, DraftSources, check_draft_row, draft_length
+from specdec._loop import Plan, check_declared_vocab, sample_plainly, speculate
 from specdec._stats import SpeculativeDecodingStats
 from specdec._streaming import Run, TokenStream, chat, check_streamer, consume
 from specdec._validation import (
@@ -25,10 +20,11 @@ from specdec._validation import (
     check_gamma,
     check_max_new_tokens,
     check_prompt,
-    check_token_range,
     check_verification,
     make_rng,
 )
+from specdec._verifier import verifier_for
+from specdec.drafters.chain import Chain
 from specdec.drafters.cost import CostCurve
 from specdec.drafters.length import DraftLengthPolicy, FixedDraftLength
 from specdec.drafters.positional import PositionalDraftLength
@@ -47,36 +43,6 @@ class _DefaultGamma(int):
 
 
 DEFAULT_GAMMA = _DefaultGamma(4)
-
-
-def _check_declared_vocab(prompt, eos, *callers: ModelCaller) -> None:
-    """Check ids against the vocabulary the models declare, before any call."""
-    declared = [
-        caller.vocab_size
-        for caller in callers
-        if caller is not None and caller.vocab_size is not None
-    ]
-    if len(declared) == 2:
-        _check_same_vocab(*declared)
-    if declared:
-        check_token_range(prompt, eos, declared[0])
-
-
-def _check_same_vocab(draft_size: int, target_size: int) -> None:
-    if draft_size != target_size:
-        raise ValueError(
-            f"draft_model and target_model disagree on the vocabulary: the draft has "
-            f"{draft_size} tokens, the target {target_size}"
-        )
-
-
-def _check_proposal_range(drafted: np.ndarray, vocab_size: int | None, name: str) -> None:
-    """A drafter's ids must lie in the target's vocabulary (once it is known)."""
-    if vocab_size is not None and drafted.max() >= vocab_size:
-        raise ValueError(
-            f"drafter {name} proposed token id {drafted.max()}, outside the "
-            f"target's vocabulary [0, {vocab_size})"
-        )
 
 
 def _check_choice(value, name: str, choices) -> str:
@@ -165,8 +131,8 @@ class SpeculativeDecoder:
         self.gamma = gamma
         self.verification = verification
         self.draft_length = draft_length
-        self._kernels = kernels_for(backend)
-        self.backend = "python" if self._kernels.__name__.endswith("_fallback") else "cython"
+        self._verifier = verifier_for(backend)
+        self.backend = self._verifier.backend
         self._rng = None if seed is None else as_generator(seed, "seed")
         self._adaptive = None  # the adaptive policy, kept across generate calls
         self._adaptive_for = None  # the draft sources' names it learnt from
@@ -193,11 +159,11 @@ class SpeculativeDecoder:
     def gamma(self, value) -> None:
         self._gamma = DEFAULT_GAMMA if value is DEFAULT_GAMMA else check_gamma(value)
 
-    def _drafter_gamma(self, sources: DraftSources) -> int:
+    def _drafter_gamma(self, chain: Chain) -> int:
         """The most tokens per step for the drafters: ``gamma`` if set, else their own."""
-        if self._gamma is not DEFAULT_GAMMA or not sources.drafters:
+        if self._gamma is not DEFAULT_GAMMA or not chain.drafters:
             return self._gamma
-        own = [getattr(drafter, "num_tokens", None) for drafter in sources.drafters]
+        own = [getattr(drafter, "num_tokens", None) for drafter in chain.drafters]
         own = [n for n in own if type(n) is int and n >= 1]  # a custom drafter may not say
         return check_gamma(max(own), "a drafter's num_tokens") if own else self._gamma
 
@@ -250,16 +216,16 @@ class SpeculativeDecoder:
             f"draft_length={self.draft_length!r}, backend={self.backend!r})"
         )
 
-    def _policy(self, sources: DraftSources) -> DraftLengthPolicy:
+    def _policy(self, chain: Chain) -> DraftLengthPolicy:
         choice = self.draft_length
         if isinstance(choice, DraftLengthPolicy):
             return choice
         if choice == "auto":
-            choice = "fixed" if not sources.drafters else "adaptive"
+            choice = "fixed" if not chain.drafters else "adaptive"
         if choice == "fixed":
             return FixedDraftLength()
-        if self._adaptive is None or self._adaptive_for != sources.names:
-            self._adaptive, self._adaptive_for = PositionalDraftLength(), list(sources.names)
+        if self._adaptive is None or self._adaptive_for != chain.names:
+            self._adaptive, self._adaptive_for = PositionalDraftLength(), list(chain.names)
         return self._adaptive
 
     # --- the loop -----------------------------------------------------------------------
@@ -406,155 +372,42 @@ class SpeculativeDecoder:
         after it, each target pass yields a read-only 1-D view of the tokens it made
         final (positions that are never written again).
         """
-        sources = DraftSources(draft_model)
+        chain = Chain.of(draft_model)
+        # a lone draft_model must be a model: ModelCaller refuses anything else (None too)
+        draft = (
+            ModelCaller(chain.model, "draft_model")
+            if chain.model is not None or not chain.drafters
+            else None
+        )
         target = ModelCaller(target_model, "target_model")
         prompt = check_prompt(prompt_ids)
         max_new_tokens = check_max_new_tokens(max_new_tokens)
         eos = check_eos(eos_token_id)
         generator = make_rng(rng) if rng is not None or self._rng is None else self._rng
-        draft = sources.model
-        _check_declared_vocab(prompt, eos, draft, target)
-        controls = SamplingControls.from_user(**self._controls_values)
-        block = self.verification == "block"
-        model_gamma = self.gamma
-        gamma = max(self._drafter_gamma(sources), model_gamma if draft is not None else 0)
-        policy = self._policy(sources)
-        policy.start(gamma, CostCurve.of_model(target_model))
-        kernels = self._kernels
+        check_declared_vocab(prompt, eos, draft, target)
+        model_max_tokens = self.gamma
+        max_tokens = max(self._drafter_gamma(chain), model_max_tokens if draft is not None else 0)
+        plan = Plan(
+            verifier=self._verifier,
+            controls=SamplingControls.from_user(**self._controls_values),
+            block=self.verification == "block",
+            max_tokens=max_tokens,
+            model_max_tokens=model_max_tokens,
+            policy=self._policy(chain),
+        )
+        plan.policy.start(max_tokens, CostCurve.of_model(target_model))
 
         stats = SpeculativeDecodingStats(
-            accepted_length_histogram=[0] * (gamma + 1), draft_length_histogram=[0] * (gamma + 1)
+            accepted_length_histogram=[0] * (max_tokens + 1),
+            draft_length_histogram=[0] * (max_tokens + 1),
         )
         run = Run(prompt, max_new_tokens, stats)
         run.callers = (draft, target)
         yield run  # checked; the clock starts with the first pass
-        run.started = time.perf_counter()
-        rows_q = DraftRows()
-        work = None
-        sources.start(run.sequence())
-        while run.length < run.limit:
-            start = run.length
-            budget = min(gamma, run.limit - start)
-            run.reserve(start + budget + 1)
-            source, evidence, proposal = sources.propose(run.sequence(), budget)
-            key = (source, evidence)
-            weights = laws = None
-            if proposal is None:  # the draft model's turn: sample it
-                n_draft, work = self._draft_from_model(
-                    draft,
-                    run,
-                    start,
-                    draft_length(policy, key, min(budget, model_gamma)),
-                    policy.p_min,
-                    rows_q,
-                    controls,
-                    generator,
-                    work,
-                    prompt,
-                    eos,
-                )
-                if n_draft:
-                    weights, laws = rows_q.weights, rows_q.laws
-            else:
-                n_draft = draft_length(policy, key, len(proposal)) if len(proposal) else 0
-                if eos is not None and n_draft:
-                    hits = np.flatnonzero(proposal[:n_draft] == eos)
-                    n_draft = int(hits[0]) + 1 if len(hits) else n_draft
-                run.tokens[start : start + n_draft] = proposal[:n_draft]
-
-            if n_draft and proposal is not None:
-                _check_proposal_range(
-                    run.tokens[start : start + n_draft], target.vocab_size, sources.names[source]
-                )
-            seconds = target.elapsed
-            rows = target.last_rows(run.ids[:, : start + n_draft], n_draft + 1)
-            seconds = target.elapsed - seconds
-            if target.calls == 1:
-                if draft is not None and draft.vocab_size is not None:
-                    _check_same_vocab(draft.vocab_size, target.vocab_size)
-                check_token_range(prompt, eos, target.vocab_size)
-            if work is None:
-                work = kernels.Workspace(target.vocab_size)
-            drafted = run.tokens[start : start + n_draft]
-            if target.calls == 1 and n_draft and proposal is not None:
-                _check_proposal_range(drafted, target.vocab_size, sources.names[source])
-            bonus = (n_draft == 0 or drafted[-1] != eos) and start + n_draft < run.limit
-            try:
-                # One-hot drafts keep exactly as many tokens in expectation under both
-                # schemes (tests/test_block.py), and token verification costs less.
-                n_kept, token = kernels.verify(
-                    rows,
-                    drafted,
-                    weights,
-                    laws,
-                    bonus,
-                    controls,
-                    generator,
-                    work,
-                    block and weights is not None,
-                )
-            except InvalidLogitsError as error:
-                raise target.invalid_logits(error, start - 1) from None
-            new = n_kept
-            if token >= 0:
-                run.tokens[start + n_kept] = token
-                new += 1
-            run.length = start + new
-            name = sources.names[source] if n_draft else None
-            stats.record_step(name, n_draft, n_kept, new)
-
-            shadow = None
-            if proposal is not None and len(proposal) > n_draft == n_kept and token >= 0:
-                shadow = bool(token == proposal[n_draft])
-            if source >= 0:
-                policy.observe(key, n_draft, n_kept, seconds, shadow)
-            sources.extend(run.sequence(), new)
-            run.pause_started = time.perf_counter()
-            yield run.ids[0, start : run.length]
-            run.paused += time.perf_counter() - run.pause_started
-            run.pause_started = None
-            if eos is not None and run.tokens[run.length - 1] == eos:
-                break
-
-    def _draft_from_model(
-        self, draft, run, start, n_max, p_min, rows_q, controls, generator, work, prompt, eos
-    ):
-        """Sample up to ``n_max`` draft tokens from the draft model into the run's buffer.
-
-        Stops early at ``eos`` and, with ``p_min``, at a token whose row's top
-        probability is below it (that token is dropped).  Returns the number drafted and
-        the workspace (made at the first draft row, when the vocabulary is known).
-        """
-        kernels = self._kernels
-        n_draft = 0
-        while n_draft < n_max:
-            position = start + n_draft
-            row = draft.last_rows(run.ids[:, :position], 1)[0]
-            if work is None:  # first call: the vocabulary and the dtype are known
-                check_token_range(prompt, eos, draft.vocab_size)
-                work = kernels.Workspace(draft.vocab_size)
-            check_draft_row(row, work)
-            rows_q.reserve(n_max, draft.vocab_size, row.dtype)
-            try:
-                token = kernels.sample_token(
-                    row,
-                    controls,
-                    generator,
-                    rows_q.laws[n_draft : n_draft + 1],
-                    rows_q.weights[n_draft],
-                    work,
-                )
-            except InvalidLogitsError as error:
-                raise draft.invalid_logits(error, position - 1) from None
-            if p_min > 0.0 and controls.temperature > 0.0:
-                top = float(rows_q.weights[n_draft].max()) / rows_q.laws[n_draft]["total"]
-                if top < p_min:
-                    break
-            run.tokens[position] = token
-            n_draft += 1
-            if token == eos:
-                break
-        return n_draft, work
+        run.start_clock()
+        yield from speculate(
+            run, chain=chain, draft=draft, target=target, plan=plan, rng=generator, eos=eos
+        )
 
 
 def sample(
@@ -631,34 +484,15 @@ def _sampling_passes(
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     eos = check_eos(eos_token_id)
     controls = SamplingControls.from_user(*controls)
-    kernels = kernels_for(backend)
+    verifier = verifier_for(backend)
     generator = make_rng(rng, seed)
-    _check_declared_vocab(prompt, eos, target)
+    check_declared_vocab(prompt, eos, target)
 
     stats = SpeculativeDecodingStats(accepted_length_histogram=[0], draft_length_histogram=[0])
     run = Run(prompt, max_new_tokens, stats)
     run.callers = (None, target)
     yield run
-    run.started = time.perf_counter()
-    law = np.zeros(1, LAW_DTYPE)
-    weights = work = None
-    while run.length < run.limit:
-        run.reserve(run.length + 1)
-        row = target.last_rows(run.ids[:, : run.length], 1)[0]
-        if work is None:
-            check_token_range(prompt, eos, target.vocab_size)
-            work = kernels.Workspace(target.vocab_size)
-            weights = np.empty(target.vocab_size, dtype=row.dtype)
-        try:
-            token = kernels.sample_token(row, controls, generator, law, weights, work)
-        except InvalidLogitsError as error:
-            raise target.invalid_logits(error, run.length - 1) from None
-        run.tokens[run.length] = token
-        run.length += 1
-        stats.record_step(None, 0, 0, 1)
-        run.pause_started = time.perf_counter()
-        yield run.ids[0, run.length - 1 : run.length]
-        run.paused += time.perf_counter() - run.pause_started
-        run.pause_started = None
-        if token == eos:
-            break
+    run.start_clock()
+    yield from sample_plainly(
+        run, target=target, verifier=verifier, controls=controls, rng=generator, eos=eos
+    )

@@ -14,7 +14,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from specdec._backend import kernels_for
 from specdec._validation import (
     SamplingControls,
     as_generator,
@@ -22,6 +21,7 @@ from specdec._validation import (
     is_int,
     make_rng,
 )
+from specdec._verifier import Verifier, verifier_for
 
 DRAFT_KINDS = ("logits", "probs")
 
@@ -157,7 +157,7 @@ def sequence_generators(rngs, batch: int, greedy: bool) -> list:
 class Step(NamedTuple):
     """A validated call: what every sequence's task reads."""
 
-    kernels: object
+    verifier: Verifier
     controls: SamplingControls
     block: bool
     kind: str | None  # "logits", "probs" or None (one-hot drafts)
@@ -173,22 +173,25 @@ def validate(
     draft_token_ids,
     draft,
     target_logits,
+    *,
     lengths,
     draft_kind,
-    temperature,
-    top_k,
-    top_p,
-    min_p,
+    controls: tuple,
     verification,
     rngs,
     backend,
     single: bool,
 ) -> Step:
-    """Every check that needs no row values, in argument order; nothing is drawn."""
+    """Every check that needs no row values, in argument order; nothing is drawn.
+
+    ``controls`` is the user's ``(temperature, top_k, top_p, min_p)``; ``single`` says
+    the arguments have no batch axis (:func:`specdec.verify`), and then ``rngs`` is the
+    one ``rng`` and ``lengths`` is None.
+    """
     kind = check_kind(draft_kind)
-    controls = SamplingControls.from_user(temperature, top_k, top_p, min_p)
+    controls = SamplingControls.from_user(*controls)
     block = check_verification(verification) == "block"
-    kernels = kernels_for(backend)
+    verifier = verifier_for(backend)
     extra = 0 if single else 1  # the batch axis
     ids = token_ids(
         draft_token_ids,
@@ -253,14 +256,14 @@ def validate(
     else:
         generators = sequence_generators(rngs, batch, greedy)
     return Step(
-        kernels,
-        controls,
-        block,
-        None if draft is None else kind,
-        ids,
-        draft,
-        target,
-        sizes,
-        generators,
-        single,
+        verifier=verifier,
+        controls=controls,
+        block=block,
+        kind=None if draft is None else kind,
+        ids=ids,
+        draft=draft,
+        target=target,
+        lengths=sizes,
+        generators=generators,
+        single=single,
     )

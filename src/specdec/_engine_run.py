@@ -1,10 +1,9 @@
 """Running a validated engine step: one sequence's verification, and the thread pool.
 
 :func:`verify_one` verifies one sequence of a :class:`~specdec._engine_inputs.Step` on the
-calling thread, with that thread's :class:`Scratch` (kernel workspace and draft buffers,
-kept per backend and vocabulary); :func:`run` spreads a batch over the module's pool.
-Kernel errors (:class:`~specdec._common.InvalidLogitsError`) become ``ValueError``s
-naming the sequence and row.
+calling thread, through the step's :class:`~specdec._verifier.Verifier` and that
+thread's workspace; :func:`run` spreads a batch over the module's pool.  Kernel errors
+become ``ValueError``s naming the sequence and row (:func:`row_namer`).
 """
 
 from __future__ import annotations
@@ -16,41 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from specdec._common import LAW_DTYPE, InvalidLogitsError
+from specdec._common import LAW_DTYPE
 from specdec._engine_inputs import Step
-
-
-class Scratch:
-    """One thread's kernel workspace and draft buffers, for one backend and vocabulary."""
-
-    def __init__(self, kernels, vocab: int):
-        self.work = kernels.Workspace(vocab)
-        self.vocab = vocab
-        self.laws = np.zeros(0, LAW_DTYPE)
-        self.weights = {}
-
-    def buffers(self, rows: int, dtype):
-        """(laws, weights) with room for ``rows`` draft rows of ``dtype``."""
-        if len(self.laws) < rows:
-            self.laws = np.zeros(rows, LAW_DTYPE)
-        weights = self.weights.get(dtype)
-        if weights is None or len(weights) < rows:
-            weights = self.weights[dtype] = np.empty((rows, self.vocab), dtype)
-        return self.laws[:rows], weights[:rows]
-
-
-_local = threading.local()
-
-
-def thread_scratch(kernels, vocab: int) -> Scratch:
-    """Get this thread's scratch for ``kernels`` at ``vocab`` (one per backend is kept)."""
-    kept = getattr(_local, "scratch", None)
-    if kept is None:
-        kept = _local.scratch = {}
-    scratch = kept.get(kernels.__name__)
-    if scratch is None or scratch.vocab != vocab:
-        scratch = kept[kernels.__name__] = Scratch(kernels, vocab)
-    return scratch
+from specdec._verifier import Draft, RowNamer
 
 
 def row_name(step: Step, name: str, b: int, i: int) -> str:
@@ -58,23 +25,33 @@ def row_name(step: Step, name: str, b: int, i: int) -> str:
     return f"{name}[{i}]" if step.single else f"{name}[{b}, {i}] (sequence {b}, row {i})"
 
 
-def draft_law(step: Step, b: int, n: int, scratch: Scratch):
-    """(weights, laws) of sequence b's n draft rows for the kernel; None, None if one-hot."""
+def row_namer(step: Step, name: str, b: int) -> RowNamer:
+    """The verifier's row namer for argument ``name`` of sequence b."""
+    return lambda i, reason: f"{row_name(step, name, b, i)} holds {reason}"
+
+
+def draft_law(step: Step, b: int, n: int, ids: np.ndarray, parents=None) -> Draft:
+    """Sequence b's draft record of its n drafts ``ids``, their law read from ``step.draft``.
+
+    One-hot (no law) when the step has no draft rows; the logits' law is computed by
+    the kernels (``row_laws``); probabilities are checked and taken as given.
+    """
     if step.kind is None or n == 0:
-        return None, None
+        return Draft(ids, parents=parents)
     rows = step.draft[b, :n]
-    ids = step.ids[b, :n]
     greedy = step.controls.temperature == 0.0
     if step.kind == "logits":
-        laws, weights = scratch.buffers(n, rows.dtype)
-        try:
-            step.kernels.row_laws(rows, step.controls, laws, weights, scratch.work)
-        except InvalidLogitsError as error:
-            raise ValueError(
-                f"{row_name(step, 'draft', b, error.row)} holds {error.reason}"
-            ) from error
+        verifier = step.verifier
+        draft = verifier.draft_of_rows(
+            ids,
+            rows,
+            controls=step.controls,
+            workspace=verifier.thread_workspace(rows.shape[1]),
+            name_row=row_namer(step, "draft", b),
+            parents=parents,
+        )
         if not greedy:
-            zero = weights[np.arange(n), ids] <= 0.0
+            zero = draft.weights[np.arange(n), ids] <= 0.0
             if zero.any():
                 i = int(np.flatnonzero(zero)[0])
                 raise ValueError(
@@ -82,7 +59,7 @@ def draft_law(step: Step, b: int, n: int, scratch: Scratch):
                     "probability 0 under the draft's law (its logits under these sampling "
                     "controls), so it cannot have been drawn from it"
                 )
-        return weights, laws
+        return draft
     # probabilities, taken as given: finite, >= 0, positive mass, positive q(x)
     low = rows.min(axis=1)
     totals = rows.sum(axis=1, dtype=np.float64)
@@ -109,30 +86,23 @@ def draft_law(step: Step, b: int, n: int, scratch: Scratch):
             )
     laws = np.zeros(n, LAW_DTYPE)
     laws["total"] = totals
-    return rows, laws
+    return Draft(ids, rows, laws, parents)
 
 
 def verify_one(step: Step, b: int) -> tuple[int, int]:
     """Verify sequence b on this thread; ValueError naming the row if one is invalid."""
-    scratch = thread_scratch(step.kernels, step.target.shape[2])
     n = int(step.lengths[b])
-    weights, laws = draft_law(step, b, n, scratch)
-    try:
-        return step.kernels.verify(
-            step.target[b, : n + 1],
-            step.ids[b, :n],
-            weights,
-            laws,
-            True,
-            step.controls,
-            step.generators[b],
-            scratch.work,
-            step.block,
-        )
-    except InvalidLogitsError as error:
-        raise ValueError(
-            f"{row_name(step, 'target_logits', b, error.row)} holds {error.reason}"
-        ) from error
+    verifier = step.verifier
+    return verifier.verify(
+        step.target[b, : n + 1],
+        draft_law(step, b, n, step.ids[b, :n]),
+        bonus=True,
+        block=step.block,
+        controls=step.controls,
+        rng=step.generators[b],
+        workspace=verifier.thread_workspace(step.target.shape[2]),
+        name_row=row_namer(step, "target_logits", b),
+    )
 
 
 _pool_lock = threading.Lock()

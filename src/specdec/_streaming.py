@@ -57,6 +57,10 @@ class Run:
         self.tokens[: len(prompt)] = prompt
         self.length = len(prompt)
 
+    def start_clock(self) -> None:
+        """Start the run's clock (at the first pass: the checks are not its time)."""
+        self.started = time.perf_counter()
+
     def reserve(self, capacity: int) -> None:
         """Make room for ``capacity`` tokens (at most the limit)."""
         if capacity <= len(self.tokens):

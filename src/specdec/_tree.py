@@ -17,23 +17,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec._backend import kernels_for
-from specdec._common import InvalidLogitsError, check_tree
-from specdec._engine_inputs import Step as _Step
-from specdec._engine_inputs import as_array as _as_array
-from specdec._engine_inputs import check_kind as _check_kind
-from specdec._engine_inputs import float_rows as _float_rows
-from specdec._engine_inputs import token_ids as _ids
-from specdec._engine_run import draft_law as _draft_law
-from specdec._engine_run import thread_scratch as _scratch
+from specdec._common import check_tree
+from specdec._engine_inputs import Step, as_array, check_kind, float_rows
+from specdec._engine_inputs import token_ids as read_token_ids
+from specdec._engine_run import draft_law
 from specdec._validation import SamplingControls, make_rng
+from specdec._verifier import verifier_for
 
 __all__ = ["verify_tree"]
 
 
 def _parents(value, n_nodes: int) -> np.ndarray:
     """The parent indices as int64: -1 (the root) or an earlier node, one per node."""
-    array = _as_array(value, "parents")
+    array = as_array(value, "parents")
     if array.ndim != 1:
         raise ValueError(f"parents must be 1-D, (N,) parent indices, got shape {array.shape}")
     if array.size == 0 and array.dtype.kind not in "iu":  # [] is float64 to NumPy
@@ -123,13 +119,13 @@ def verify_tree(
     >>> # two candidates after the root (tokens 3 and 5), one more after the first
     >>> path, token = specdec.verify_tree([3, 5, 1], [-1, -1, 0], target, rng=1)
     """
-    kind = _check_kind(draft_kind)
+    kind = check_kind(draft_kind)
     controls = SamplingControls.from_user(temperature, top_k, top_p, min_p)
-    kernels = kernels_for(backend)
-    ids = _ids(token_ids, "token_ids", 1, "(N,) the nodes' token ids")
+    verifier = verifier_for(backend)
+    ids = read_token_ids(token_ids, "token_ids", 1, "(N,) the nodes' token ids")
     n_nodes = len(ids)
     parent_ids = _parents(parents, n_nodes)
-    target = _float_rows(target_logits, "target_logits", 2, "(N + 1, V)")
+    target = float_rows(target_logits, "target_logits", 2, "(N + 1, V)")
     if len(target) != n_nodes + 1:
         raise ValueError(
             f"target_logits must have shape ({n_nodes + 1}, V) (row 0 at the root, row "
@@ -143,7 +139,7 @@ def verify_tree(
         i = int(bad[0])
         raise ValueError(f"token_ids[{i}] is {int(ids[i])}, outside the vocabulary [0, {vocab})")
     if draft is not None:
-        draft = _float_rows(draft, "draft", 2, f"(N, V) {kind}")
+        draft = float_rows(draft, "draft", 2, f"(N, V) {kind}")
         if draft.shape != (n_nodes, vocab):
             raise ValueError(
                 f"draft must have shape ({n_nodes}, {vocab}) (one row per node, as many "
@@ -152,8 +148,8 @@ def verify_tree(
     generator = None if controls.temperature == 0.0 and rng is None else make_rng(rng)
 
     # The draft's law, by the engine's own code (one sequence, no batch axis).
-    step = _Step(
-        kernels=kernels,
+    step = Step(
+        verifier=verifier,
         controls=controls,
         block=False,
         kind=None if draft is None else kind,
@@ -164,17 +160,17 @@ def verify_tree(
         generators=[generator],
         single=True,
     )
-    scratch = _scratch(kernels, vocab)
     try:
-        weights, laws = _draft_law(step, 0, n_nodes, scratch)
+        tree = draft_law(step, 0, n_nodes, ids, parent_ids)
     except ValueError as error:
         # The engine names verify's argument; this function's is token_ids.
         raise ValueError(str(error).replace("draft_token_ids[", "token_ids[", 1)) from error
-    path = np.empty(n_nodes, dtype=np.int64)
-    try:
-        depth, token = kernels.verify_tree(
-            target, ids, parent_ids, weights, laws, controls, generator, scratch.work, path
-        )
-    except InvalidLogitsError as error:
-        raise ValueError(f"target_logits[{error.row}] holds {error.reason}") from error
-    return path[:depth].copy(), int(token)
+    path, token = verifier.verify_tree(
+        target,
+        tree,
+        controls=controls,
+        rng=generator,
+        workspace=verifier.thread_workspace(vocab),
+        name_row=lambda row, reason: f"target_logits[{row}] holds {reason}",
+    )
+    return path.copy(), token

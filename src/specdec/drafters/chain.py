@@ -1,10 +1,17 @@
-"""Composition of draft sources: the first that has a proposal wins."""
+"""Composition of draft sources: the first that has a proposal wins.
+
+:class:`Chain` is also how the decoder sees any ``draft_model`` argument
+(:meth:`Chain.of`): a lone drafter is a chain of one, a draft model a chain of none
+but the model.  The decoder asks the chain for a proposal, learns from
+:attr:`Chain.last_source` and :attr:`Chain.last_evidence` who made it, and samples the
+draft model itself when no drafter had one.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from specdec.drafters._checks import check_proposal
+from specdec.drafters._checks import check_proposal, empty_proposal
 from specdec.drafters.base import Drafter
 
 __all__ = ["Chain"]
@@ -30,6 +37,23 @@ class Chain(Drafter):
     *sources : Drafter or model
         Deterministic drafters, optionally followed by one draft model (an object with
         ``forward(ids) -> logits`` or such a callable).
+
+    Attributes
+    ----------
+    drafters : tuple of Drafter
+        The deterministic drafters, in order.
+    model : object or None
+        The draft model, if any.
+    names : list of str
+        Each source's name in the statistics (``drafts_by_source``): the drafter's class
+        name (numbered, ``"PromptLookup[1]"``, when a class appears twice), then
+        ``"model"`` for the draft model.
+    last_source : int
+        Index of the source whose proposal :meth:`propose` returned last; -1 when no
+        drafter had one.
+    last_evidence : int or None
+        That drafter's ``last_match_size`` (the length of the context its proposal
+        rests on), if it has one; None otherwise.
 
     Examples
     --------
@@ -61,10 +85,53 @@ class Chain(Drafter):
                     f"Chain source {i} must be a specdec.drafters.Drafter or a model with "
                     f"forward(ids), got {type(source).__name__}"
                 )
-        self.drafters = tuple(drafters)
+        self._set(tuple(drafters), model)
+
+    def _set(self, drafters: tuple, model) -> None:
+        self.drafters = drafters
         self.model = model
-        #: Index of the source of the last :meth:`propose` (-1: none had a proposal).
+        names = [type(d).__name__ for d in drafters] + (["model"] if model is not None else [])
+        # the same class twice: number them so that their stats stay apart
+        self.names = [
+            name if names.count(name) == 1 else f"{name}[{i}]" for i, name in enumerate(names)
+        ]
+        alone = len(names) == 1
+        self._error_names = [
+            type(d).__name__ if alone else f"{type(d).__name__} (Chain source {i})"
+            for i, d in enumerate(drafters)
+        ]
         self.last_source = -1
+        self.last_evidence = None
+
+    @classmethod
+    def of(cls, draft_model) -> Chain:
+        """The decoder's ``draft_model`` argument as a chain.
+
+        A ``Chain`` is itself; a :class:`Drafter` a chain of that drafter; anything else
+        a chain of that draft model alone, unchecked (the decoder checks models when it
+        wraps them, with errors that name its argument).
+
+        Parameters
+        ----------
+        draft_model : Chain, Drafter or model
+
+        Returns
+        -------
+        Chain
+        """
+        if isinstance(draft_model, Chain):
+            return draft_model
+        chain = cls.__new__(cls)
+        if isinstance(draft_model, Drafter):
+            chain._set((draft_model,), None)
+        else:
+            chain._set((), draft_model)
+        return chain
+
+    @property
+    def model_source(self) -> int:
+        """Index of the draft model among the sources (after the drafters)."""
+        return len(self.drafters)
 
     def __repr__(self) -> str:
         parts = [repr(d) for d in self.drafters]
@@ -80,28 +147,39 @@ class Chain(Drafter):
     def propose(self, tokens: np.ndarray, max_tokens: int) -> np.ndarray:
         """The first non-empty proposal of the deterministic drafters.
 
-        The draft model, if any, is sampled by the decoder, not here.
+        The draft model, if any, is sampled by the decoder, not here.  Sets
+        :attr:`last_source` and :attr:`last_evidence`.
 
         Parameters
         ----------
         tokens : numpy.ndarray of int64
             The sequence so far.
         max_tokens : int
-            The most tokens to propose.
+            The most tokens to propose (0: no drafter is asked).
 
         Returns
         -------
         numpy.ndarray of int64
             The proposal (empty when no drafter has one).
+
+        Raises
+        ------
+        TypeError, ValueError
+            A drafter's proposal is not 1-D int ids in range, or too long; the message
+            names the drafter.
         """
-        for i, drafter in enumerate(self.drafters):
-            name = f"{type(drafter).__name__} (Chain source {i})"
-            proposal = check_proposal(drafter.propose(tokens, max_tokens), max_tokens, name)
-            if len(proposal):
-                self.last_source = i
-                return proposal
+        if max_tokens > 0:
+            for i, drafter in enumerate(self.drafters):
+                proposal = check_proposal(
+                    drafter.propose(tokens, max_tokens), max_tokens, self._error_names[i]
+                )
+                if len(proposal):
+                    self.last_source = i
+                    self.last_evidence = getattr(drafter, "last_match_size", None)
+                    return proposal
         self.last_source = -1
-        return np.zeros(0, dtype=np.int64)
+        self.last_evidence = None
+        return empty_proposal()
 
     def extend(self, tokens: np.ndarray, n_new: int) -> None:
         """Show every deterministic drafter the kept tokens (see :class:`Drafter`)."""

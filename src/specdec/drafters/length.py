@@ -64,9 +64,19 @@ class DraftLengthPolicy:
     """Interface of a draft-length policy (the methods the decoder calls).
 
     See the module docstring for the order of the calls and the meaning of ``key``.
+    A policy decides a draft's length, ``n_draft``, out of what is on offer: a
+    drafter's proposal is known whole before the target pass, so :meth:`length` cuts
+    it; a draft model's tokens are sampled one at a time, so :meth:`length` gives the
+    most to sample and :attr:`p_min` may stop earlier, at a token the draft model is
+    unsure of (the one part of the decision that needs the draft's own rows).
+
+    Attributes
+    ----------
+    p_min : float
+        A draft model's drafting stops before a token whose row's top probability is
+        below this (0: never; ignored at temperature 0 and for drafters).
     """
 
-    #: Draft-model drafting stops at a token whose top probability is below this.
     p_min: float = 0.0
 
     def start(self, max_tokens: int, target_cost=None) -> None:
@@ -131,7 +141,7 @@ class FixedDraftLength(DraftLengthPolicy):
     def start(self, max_tokens: int, target_cost=None) -> None:  # noqa: D102
         self._max = max_tokens
 
-    def length(self, source: int, offered: int) -> int:  # noqa: D102
+    def length(self, key, offered: int) -> int:  # noqa: D102
         return min(offered, self._max)
 
     def __repr__(self) -> str:
@@ -161,10 +171,10 @@ class HeuristicDraftLength(DraftLengthPolicy):
         self._max = max_tokens
         self._current = min(self.initial, max_tokens)
 
-    def length(self, source: int, offered: int) -> int:  # noqa: D102
+    def length(self, key, offered: int) -> int:  # noqa: D102
         return min(offered, self._current)
 
-    def observe(self, source, drafted, kept, target_seconds, shadow) -> None:  # noqa: D102
+    def observe(self, key, drafted, kept, target_seconds, shadow) -> None:  # noqa: D102
         if drafted == 0:
             return
         step = 2 if kept == drafted else -1
@@ -312,11 +322,11 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return self._timer.drafts(n, self._cost)
         return self._cost.drafts(n)
 
-    def length(self, source, offered: int) -> int:  # noqa: D102
+    def length(self, key, offered: int) -> int:  # noqa: D102
         offered = min(offered, self._max)
         if offered <= 0:
             return 0
-        a = self.acceptance(source)
+        a = self.acceptance(key)
         best_n, best_rate = 0, -1.0
         expected, power = 1.0, 1.0
         for n in range(0, offered + 1):
@@ -331,22 +341,22 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         if best_n == 0:
             # A source that is never tried is never observed (a draft model gives no
             # free observation): try one token after PROBE_EVERY idle proposals.
-            idle = self._idle.get(source, 0) + 1
-            self._idle[source] = idle
+            idle = self._idle.get(key, 0) + 1
+            self._idle[key] = idle
             if idle >= self.PROBE_EVERY:
                 best_n = 1
         return best_n
 
-    def observe(self, source, drafted, kept, target_seconds, shadow) -> None:  # noqa: D102
+    def observe(self, key, drafted, kept, target_seconds, shadow) -> None:  # noqa: D102
         tested = kept + (1 if kept < drafted else 0)
         successes = kept
         if shadow is not None:
             tested += 1
             successes += int(shadow)
         if tested:
-            self._idle[source] = 0
-            kept_sum, tested_sum = self._accept.get(source, (0.0, 0.0))
+            self._idle[key] = 0
+            kept_sum, tested_sum = self._accept.get(key, (0.0, 0.0))
             m = self.memory**tested
-            self._accept[source] = [kept_sum * m + successes, tested_sum * m + tested]
+            self._accept[key] = [kept_sum * m + successes, tested_sum * m + tested]
         if self.target_cost == "measured":
             self._timer.record(drafted, target_seconds)

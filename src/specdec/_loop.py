@@ -1,0 +1,268 @@
+"""The decoding loops, speculative and plain: generators of per-pass tokens.
+
+Each loop runs on a checked :class:`~specdec._streaming.Run` (the token buffer, its
+read-only view, the stats) and yields, after every target pass, a read-only view of
+the tokens that pass made final.  :mod:`specdec._decoder` checks the arguments and
+builds the run; :mod:`specdec._streaming` consumes the passes (``generate``,
+``stream``).
+
+A speculative step: the draft sources (a :class:`~specdec.drafters.Chain`) are asked
+for a proposal; the draft-length policy decides how many of its tokens to verify (a
+draft model is sampled token by token, through the verifier, up to that many); the
+target scores them in one call; the verifier keeps a prefix and draws the next token.
+The policy sees only what is known before the target pass, so it cannot change the
+output law.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from specdec._calling import ModelCaller
+from specdec._streaming import Run
+from specdec._validation import SamplingControls, check_token_range
+from specdec._verifier import Draft, Verifier, Workspace
+from specdec.drafters.chain import Chain
+from specdec.drafters.length import DraftLengthPolicy
+
+
+class Plan(NamedTuple):
+    """The settings of one speculative run, fixed when it starts."""
+
+    verifier: Verifier
+    controls: SamplingControls
+    block: bool  # block verification of sampled drafts (one-hot ones: token by token)
+    max_tokens: int  # the most draft tokens per step
+    model_max_tokens: int  # ... when they come from the draft model
+    policy: DraftLengthPolicy
+
+
+def check_declared_vocab(prompt, eos, *callers: ModelCaller) -> None:
+    """Check ids against the vocabulary the models declare, before any call."""
+    declared = [
+        caller.vocab_size
+        for caller in callers
+        if caller is not None and caller.vocab_size is not None
+    ]
+    if len(declared) == 2:
+        check_same_vocab(*declared)
+    if declared:
+        check_token_range(prompt, eos, declared[0])
+
+
+def check_same_vocab(draft_size: int, target_size: int) -> None:
+    """The draft and the target must share one vocabulary."""
+    if draft_size != target_size:
+        raise ValueError(
+            f"draft_model and target_model disagree on the vocabulary: the draft has "
+            f"{draft_size} tokens, the target {target_size}"
+        )
+
+
+def _check_proposal_range(drafted: np.ndarray, vocab_size: int | None, name: str) -> None:
+    """A drafter's ids must lie in the target's vocabulary (once it is known)."""
+    if vocab_size is not None and drafted.max() >= vocab_size:
+        raise ValueError(
+            f"drafter {name} proposed token id {drafted.max()}, outside the "
+            f"target's vocabulary [0, {vocab_size})"
+        )
+
+
+def draft_length(policy: DraftLengthPolicy, key, offered: int) -> int:
+    """``policy.length(key, offered)``, refused clearly unless an int in [0, offered]."""
+    answer = policy.length(key, offered)
+    if type(answer) is int and 0 <= answer <= offered:  # the common case, on every step
+        return answer
+    expected = f"expected an int in [0, {offered}] (the tokens offered)"
+    where = f"draft-length policy {type(policy).__name__}.length() returned {answer!r}"
+    if isinstance(answer, bool) or not isinstance(answer, (int, np.integer)):
+        raise TypeError(f"{where} ({type(answer).__name__}); {expected}")
+    if not 0 <= answer <= offered:
+        raise ValueError(f"{where}; {expected}")
+    return int(answer)
+
+
+def _check_draft_row(row: np.ndarray, work: Workspace) -> None:
+    """A draft model's row must have the vocabulary of the workspace (the target's).
+
+    The workspace is made for the first model evaluated; when a chained drafter's
+    proposal made the target go first, the draft model's first row is checked here.
+    """
+    if row.shape[0] != work.vocab_size:
+        raise ValueError(
+            f"draft_model and target_model disagree on the vocabulary: the draft has "
+            f"{row.shape[0]} tokens, the target {work.vocab_size}"
+        )
+
+
+def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan, rng, eos):
+    """The speculative loop over a checked run: yields each pass's final tokens.
+
+    ``draft`` is the chain's draft model wrapped in a :class:`ModelCaller` (None
+    without one).
+    """
+    verifier, controls, policy = plan.verifier, plan.controls, plan.policy
+    prompt, stats, names = run.prompt, run.stats, chain.names
+    work = None  # this run's buffers, made once the vocabulary is known
+    chain.start(run.sequence())
+    while run.length < run.limit:
+        start = run.length
+        max_tokens = min(plan.max_tokens, run.limit - start)
+        run.reserve(start + max_tokens + 1)
+        proposal = chain.propose(run.sequence(), max_tokens)
+        if len(proposal):
+            source, evidence = chain.last_source, chain.last_evidence
+        elif draft is not None:  # the draft model's turn: sample it
+            source, evidence, proposal = chain.model_source, None, None
+        else:
+            source, evidence = -1, None
+        key = (source, evidence)
+        if proposal is None:
+            n_draft, work, draft_dtype = _draft_from_model(
+                draft,
+                run,
+                start,
+                draft_length(policy, key, min(max_tokens, plan.model_max_tokens)),
+                policy.p_min,
+                target,
+                verifier,
+                controls,
+                rng,
+                work,
+                eos,
+            )
+        else:
+            n_draft = draft_length(policy, key, len(proposal)) if len(proposal) else 0
+            if eos is not None and n_draft:
+                hits = np.flatnonzero(proposal[:n_draft] == eos)
+                n_draft = int(hits[0]) + 1 if len(hits) else n_draft
+            run.tokens[start : start + n_draft] = proposal[:n_draft]
+            if n_draft:
+                _check_proposal_range(
+                    run.tokens[start : start + n_draft], target.vocab_size, names[source]
+                )
+
+        seconds = target.elapsed
+        rows = target.last_rows(run.ids[:, : start + n_draft], n_draft + 1)
+        seconds = target.elapsed - seconds
+        if target.calls == 1:
+            if draft is not None and draft.vocab_size is not None:
+                check_same_vocab(draft.vocab_size, target.vocab_size)
+            check_token_range(prompt, eos, target.vocab_size)
+        if work is None:
+            work = verifier.workspace(target.vocab_size)
+        drafted = run.tokens[start : start + n_draft]
+        if target.calls == 1 and n_draft and proposal is not None:
+            _check_proposal_range(drafted, target.vocab_size, names[source])
+        if proposal is None and n_draft:
+            laws, weights = work.draft_rows(n_draft, draft_dtype)
+            record = Draft(drafted, weights, laws)
+        else:
+            record = Draft(drafted)
+        bonus = (n_draft == 0 or drafted[-1] != eos) and start + n_draft < run.limit
+        n_kept, token = verifier.verify(
+            rows,
+            record,
+            bonus=bonus,
+            # One-hot drafts keep exactly as many tokens in expectation under both
+            # schemes (tests/test_block.py), and token verification costs less.
+            block=plan.block and not record.one_hot,
+            controls=controls,
+            rng=rng,
+            workspace=work,
+            name_row=target.row_namer(start - 1),
+        )
+        new = n_kept
+        if token >= 0:
+            run.tokens[start + n_kept] = token
+            new += 1
+        run.length = start + new
+        stats.record_step(names[source] if n_draft else None, n_draft, n_kept, new)
+
+        shadow = None
+        if proposal is not None and len(proposal) > n_draft == n_kept and token >= 0:
+            shadow = bool(token == proposal[n_draft])
+        if source >= 0:
+            policy.observe(key, n_draft, n_kept, seconds, shadow)
+        chain.extend(run.sequence(), new)
+        yield from _pause(run, start)
+        if eos is not None and run.tokens[run.length - 1] == eos:
+            break
+
+
+def _pause(run: Run, start: int):
+    """Yield the tokens made final since ``start``; the consumer's time is not counted."""
+    run.pause_started = time.perf_counter()
+    yield run.ids[0, start : run.length]
+    run.paused += time.perf_counter() - run.pause_started
+    run.pause_started = None
+
+
+def _draft_from_model(
+    draft, run, start, max_tokens, p_min, target, verifier, controls, rng, work, eos
+) -> tuple[int, Workspace, np.dtype | None]:
+    """Sample up to ``max_tokens`` draft tokens from the draft model into the run's buffer.
+
+    Each token's law and weights go to the workspace's draft rows of the draft's
+    dtype.  Stops early at ``eos`` and, with ``p_min``, at a token whose row's top
+    probability is below it (that token is dropped).  Returns the number drafted, the
+    workspace (made at the first draft row, when the vocabulary is known) and the
+    draft rows' dtype (None if no row was read).
+    """
+    n_draft = 0
+    dtype = None
+    while n_draft < max_tokens:
+        position = start + n_draft
+        row = draft.last_rows(run.ids[:, :position], 1)[0]
+        if work is None:  # first call: the vocabulary and the dtype are known
+            if target.vocab_size is not None:  # declared, or the target was called first
+                check_same_vocab(draft.vocab_size, target.vocab_size)
+            check_token_range(run.prompt, eos, draft.vocab_size)
+            work = verifier.workspace(draft.vocab_size)
+        _check_draft_row(row, work)
+        dtype = row.dtype
+        laws, weights = work.draft_rows(max_tokens, dtype)
+        token = verifier.sample(
+            row,
+            slot=n_draft,
+            controls=controls,
+            rng=rng,
+            workspace=work,
+            name_row=draft.row_namer(position - 1),
+        )
+        if p_min > 0.0 and controls.temperature > 0.0:
+            if float(weights[n_draft].max()) / laws[n_draft]["total"] < p_min:
+                break
+        run.tokens[position] = token
+        n_draft += 1
+        if token == eos:
+            break
+    return n_draft, work, dtype
+
+
+def sample_plainly(run: Run, *, target: ModelCaller, verifier: Verifier, controls, rng, eos):
+    """Plain sampling's loop over a checked run: one target pass, one token, yielded."""
+    work = None
+    while run.length < run.limit:
+        run.reserve(run.length + 1)
+        row = target.last_rows(run.ids[:, : run.length], 1)[0]
+        if work is None:
+            check_token_range(run.prompt, eos, target.vocab_size)
+            work = verifier.workspace(target.vocab_size)
+        token = verifier.sample(
+            row,
+            slot=0,
+            controls=controls,
+            rng=rng,
+            workspace=work,
+            name_row=target.row_namer(run.length - 1),
+        )
+        run.tokens[run.length] = token
+        run.length += 1
+        run.stats.record_step(None, 0, 0, 1)
+        yield from _pause(run, run.length - 1)
+        if token == eos:
+            break
