@@ -154,3 +154,90 @@ def test_llama_tree_wider_than_tree_width_is_scored_by_branches(smol_pair):
         judge.reset()
         fresh = judge.forward(np.array([prefix + [20 + i]]), logits_to_keep=1)[0, -1]
         np.testing.assert_allclose(rows[i + 1], fresh, atol=LLAMA_TOL, rtol=0)
+
+
+# -- a real adapter: a tiny Llama through transformers (skipped where absent) ------------
+
+REQUIRE_MODELS = __import__("os").environ.get("SPECDEC_REQUIRE_MODELS") == "1"
+TF_TOL = 1e-4  # float32: a batch under a mask and a plain sequence sum in other orders
+
+
+def _require(name):
+    if REQUIRE_MODELS:
+        return __import__(name)
+    return pytest.importorskip(name)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    torch = _require("torch")
+    transformers = _require("transformers")
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=97,
+            max_position_embeddings=256,
+            initializer_range=0.2,
+        )
+    )
+
+
+@pytest.mark.parametrize("name", sorted(TREES))
+@pytest.mark.parametrize("warm", [False, True], ids=["empty-cache", "warm-cache"])
+def test_transformers_tree_rows_equal_each_branch_in_one_pass(tiny_llama, name, warm):
+    from specdec.models import TransformersModel
+
+    target = TransformersModel(tiny_llama, cost_curve=[1.0])
+    judge = TransformersModel(tiny_llama, cost_curve=[1.0])
+    tokens, parents = (np.array(a, dtype=np.int64) for a in TREES[name])
+    prefix = [5, 17, 3, 60, 8]
+    if warm:
+        target.forward(np.array([prefix[:3] + [9]]))  # a cache that shares 3 tokens
+    calls = target.n_forward_calls
+    rows = target.forward_tree(prefix, tokens, parents)
+    assert target.n_forward_calls - calls == 1
+
+    def fresh_last(seq):
+        judge.reset()
+        return judge.forward(np.array([seq]), logits_to_keep=1)[0, -1]
+
+    expected = [fresh_last(prefix)] + [
+        fresh_last(prefix + tokens[path].tolist()) for path in node_paths(parents)
+    ]
+    np.testing.assert_allclose(rows, np.array(expected), atol=TF_TOL, rtol=0)
+    # The cache keeps the prefix and the leading chain of nodes: the next forward over
+    # a kept path equals a fresh model's, and evaluates only what was not kept.
+    kept = prefix + tokens[: 1 if len(tokens) else 0].tolist() + [11]
+    evaluated = target.n_evaluated_tokens
+    after = target.forward(np.array([kept]), logits_to_keep=2)[0]
+    judge.reset()
+    np.testing.assert_allclose(
+        after, judge.forward(np.array([kept]), logits_to_keep=2)[0], atol=TF_TOL, rtol=0
+    )
+    assert target.n_evaluated_tokens - evaluated <= 2
+
+
+def test_transformers_tree_decoding_greedy_equals_plain(tiny_llama, backend):
+    import specdec
+    from specdec.drafters import PositionalDraftLength, PromptLookup
+    from specdec.models import TransformersModel
+
+    target = TransformersModel(tiny_llama, cost_curve=[1.0, 1.01, 1.02, 1.03, 1.04])
+    prompt = [5, 17, 3, 60, 5, 17, 4, 61, 5, 17, 3, 62, 5, 17]
+    plain, _ = specdec.sample(target, prompt, 24, temperature=0.0, backend=backend)
+    calls = []
+    forward_tree = target.forward_tree
+    target.forward_tree = lambda *a: calls.append(1) or forward_tree(*a)
+    decoder = specdec.SpeculativeDecoder(
+        temperature=0.0,
+        draft_length=PositionalDraftLength(target_cost=[1.0, 1.01, 1.02, 1.03]),
+        backend=backend,
+    )
+    ids, _ = decoder.generate(PromptLookup(), target, prompt, 24)
+    assert ids == plain
+    assert calls  # trees were scored

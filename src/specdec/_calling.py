@@ -55,7 +55,7 @@ class ModelCaller:
         The argument name, for error messages (``"draft_model"``...).
     """
 
-    __slots__ = ("name", "_fn", "keeps_rows", "elapsed", "calls", "vocab_size", "dtype")
+    __slots__ = ("name", "_fn", "_tree", "keeps_rows", "elapsed", "calls", "vocab_size", "dtype")
 
     def __init__(self, model, name: str):
         if isinstance(model, type):
@@ -87,6 +87,8 @@ class ModelCaller:
         declared = getattr(model, "vocab_size", None)
         self.vocab_size = declared if isinstance(declared, int) and declared > 0 else None
         self.dtype = None
+        tree = getattr(model, "forward_tree", None)
+        self._tree = tree if callable(tree) else None
 
     def last_rows(self, ids: np.ndarray, n_rows: int) -> np.ndarray:
         """Logits of the last ``n_rows`` positions of ``ids``, shape (n_rows, V).
@@ -109,6 +111,10 @@ class ModelCaller:
                 f"tokens; expected (1, {expected}, V)"
                 + (f" (logits_to_keep={n_rows})" if self.keeps_rows else "")
             )
+        return self._checked_rows(logits[:, expected - n_rows :])[0]
+
+    def _checked_rows(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` (1, n, V) after the dtype and vocabulary checks, C-contiguous."""
         if logits.dtype != self.dtype:
             if logits.dtype not in _LOGIT_DTYPES:
                 raise TypeError(
@@ -131,10 +137,34 @@ class ModelCaller:
                 f"{self.name} returned {vocab_size} logits per row, "
                 f"but its vocabulary has {self.vocab_size} tokens"
             )
-        rows = logits[0, expected - n_rows :]
-        if not rows.flags.c_contiguous:
-            rows = np.ascontiguousarray(rows)
-        return rows
+        if not logits.flags.c_contiguous:
+            logits = np.ascontiguousarray(logits)
+        return logits
+
+    @property
+    def scores_trees(self) -> bool:
+        """Whether the model scores a tree of drafts in one call (``forward_tree``)."""
+        return self._tree is not None
+
+    def tree_rows(self, prefix: np.ndarray, tokens: np.ndarray, parents: np.ndarray) -> np.ndarray:
+        """The target rows of a tree of drafts after ``prefix``, from ``forward_tree``.
+
+        Row 0 is the logits after the prefix, row ``i + 1`` after node ``i`` (the
+        prefix and the path to node i), shape ``(N + 1, V)``, C-contiguous; checked as
+        :meth:`last_rows` checks ``forward``'s output.
+        """
+        start = time.perf_counter()
+        out = self._tree(prefix, tokens, parents)
+        self.elapsed += time.perf_counter() - start
+        self.calls += 1
+        rows = np.asarray(out)
+        expected = len(tokens) + 1
+        if rows.ndim != 2 or rows.shape[0] != expected:
+            raise ValueError(
+                f"{self.name}.forward_tree returned logits of shape {rows.shape} for a "
+                f"tree of {len(tokens)} nodes; expected ({expected}, V)"
+            )
+        return self._checked_rows(rows[None])[0]
 
     def row_namer(self, first_position: int):
         """The verifier's row namer for rows that start at sequence ``first_position``.

@@ -21,6 +21,7 @@ from specdec._validation import (
     check_max_new_tokens,
     check_prompt,
     check_verification,
+    is_int,
     make_rng,
 )
 from specdec._verifier import verifier_for
@@ -43,6 +44,25 @@ class _DefaultGamma(int):
 
 
 DEFAULT_GAMMA = _DefaultGamma(4)
+
+
+#: Candidates per tree of drafts when the target scores trees but does not say how wide.
+DEFAULT_TREE_WIDTH = 4
+
+
+def _tree_width(target: ModelCaller, target_model, policy, chain: Chain) -> int:
+    """The most candidates per tree of drafts: 0 (chains) unless all can do trees.
+
+    Trees need deterministic drafters (their candidates), a target that scores a tree
+    in one call (``forward_tree``) and a policy that chooses among nodes
+    (``select_tree``); a target's ``tree_width`` bounds the width.
+    """
+    if not (chain.drafters and target.scores_trees and hasattr(policy, "select_tree")):
+        return 0
+    width = getattr(target_model, "tree_width", DEFAULT_TREE_WIDTH)
+    if not is_int(width) or width < 1:
+        raise ValueError(f"target_model.tree_width must be an int >= 1, got {width!r}")
+    return int(width) if width > 1 else 0
 
 
 def _check_choice(value, name: str, choices) -> str:
@@ -387,13 +407,15 @@ class SpeculativeDecoder:
         check_declared_vocab(prompt, eos, draft, target)
         model_max_tokens = self.gamma
         max_tokens = max(self._drafter_gamma(chain), model_max_tokens if draft is not None else 0)
+        policy = self._policy(chain)
         plan = Plan(
             verifier=self._verifier,
             controls=SamplingControls.from_user(**self._controls_values),
             block=self.verification == "block",
             max_tokens=max_tokens,
             model_max_tokens=model_max_tokens,
-            policy=self._policy(chain),
+            policy=policy,
+            tree_width=_tree_width(target, target_model, policy, chain),
         )
         plan.policy.start(max_tokens, CostCurve.of_model(target_model))
 

@@ -27,6 +27,9 @@ from specdec._validation import SamplingControls, check_token_range
 from specdec._verifier import Draft, Verifier, Workspace
 from specdec.drafters.chain import Chain
 from specdec.drafters.length import DraftLengthPolicy
+from specdec.drafters.tree import DraftTree
+
+_NO_PROPOSAL = np.zeros(0, dtype=np.int64)
 
 
 class Plan(NamedTuple):
@@ -35,9 +38,10 @@ class Plan(NamedTuple):
     verifier: Verifier
     controls: SamplingControls
     block: bool  # block verification of sampled drafts (one-hot ones: token by token)
-    max_tokens: int  # the most draft tokens per step
+    max_tokens: int  # the most draft tokens (or tree nodes) per step
     model_max_tokens: int  # ... when they come from the draft model
     policy: DraftLengthPolicy
+    tree_width: int  # the most candidates per tree of drafts; 0: chains only
 
 
 def check_declared_vocab(prompt, eos, *callers: ModelCaller) -> None:
@@ -112,7 +116,12 @@ def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan,
         start = run.length
         max_tokens = min(plan.max_tokens, run.limit - start)
         run.reserve(start + max_tokens + 1)
-        proposal = chain.propose(run.sequence(), max_tokens)
+        candidates = tree = selected = None
+        if plan.tree_width:
+            candidates = chain.propose_candidates(run.sequence(), max_tokens, plan.tree_width)
+            proposal = candidates[0] if candidates else _NO_PROPOSAL
+        else:
+            proposal = chain.propose(run.sequence(), max_tokens)
         if len(proposal):
             source, evidence = chain.last_source, chain.last_evidence
         elif draft is not None:  # the draft model's turn: sample it
@@ -120,6 +129,25 @@ def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan,
         else:
             source, evidence = -1, None
         key = (source, evidence)
+        if candidates is not None and len(candidates) > 1:
+            if eos is not None:
+                candidates = [_cut_after(c, eos) for c in candidates]
+                proposal = candidates[0]
+            tree = DraftTree.from_candidates(candidates)
+            selected = _selection(policy, key, tree, plan.max_tokens)
+            n_first = int(np.count_nonzero(selected[: len(proposal)]))
+            if np.count_nonzero(selected) > n_first or not selected[:n_first].all():
+                # a tree to verify: the selection leaves the best candidate's path
+                new, n_kept, token, path, seconds, work = _tree_pass(
+                    run, start, tree, selected, names[source], target, plan, rng, work, eos
+                )
+                stats.record_step(names[source], int(np.count_nonzero(selected)), n_kept, new)
+                policy.observe_tree(key, tree, selected, path, token, seconds)
+                chain.extend(run.sequence(), new)
+                yield from _pause(run, start)
+                if eos is not None and run.tokens[run.length - 1] == eos:
+                    break
+                continue
         if proposal is None:
             n_draft, work, draft_dtype = _draft_from_model(
                 draft,
@@ -134,6 +162,13 @@ def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan,
                 work,
                 eos,
             )
+        elif selected is not None:  # the selection is a prefix of the best candidate
+            n_draft = n_first
+            run.tokens[start : start + n_draft] = proposal[:n_draft]
+            if n_draft:
+                _check_proposal_range(
+                    run.tokens[start : start + n_draft], target.vocab_size, names[source]
+                )
         else:
             n_draft = draft_length(policy, key, len(proposal)) if len(proposal) else 0
             if eos is not None and n_draft:
@@ -182,15 +217,86 @@ def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan,
         run.length = start + new
         stats.record_step(names[source] if n_draft else None, n_draft, n_kept, new)
 
-        shadow = None
-        if proposal is not None and len(proposal) > n_draft == n_kept and token >= 0:
-            shadow = bool(token == proposal[n_draft])
-        if source >= 0:
+        if selected is not None:
+            policy.observe_tree(key, tree, selected, np.arange(n_kept), token, seconds)
+        elif source >= 0:
+            shadow = None
+            if proposal is not None and len(proposal) > n_draft == n_kept and token >= 0:
+                shadow = bool(token == proposal[n_draft])
             policy.observe(key, n_draft, n_kept, seconds, shadow)
         chain.extend(run.sequence(), new)
         yield from _pause(run, start)
         if eos is not None and run.tokens[run.length - 1] == eos:
             break
+
+
+def _cut_after(candidate: np.ndarray, eos: int) -> np.ndarray:
+    """``candidate`` up to and including its first ``eos`` (nothing is drafted past it)."""
+    hits = np.flatnonzero(candidate == eos)
+    return candidate[: int(hits[0]) + 1] if len(hits) else candidate
+
+
+def _selection(policy, key, tree: DraftTree, max_tokens: int) -> np.ndarray:
+    """``policy.select_tree(key, tree)``, refused clearly unless a closed boolean mask."""
+    answer = policy.select_tree(key, tree)
+    where = f"draft-length policy {type(policy).__name__}.select_tree()"
+    mask = np.asarray(answer)
+    if mask.dtype != np.bool_ or mask.shape != (len(tree),):
+        raise TypeError(
+            f"{where} returned {type(answer).__name__} of dtype {mask.dtype} and shape "
+            f"{mask.shape}; expected a boolean mask of shape ({len(tree)},)"
+        )
+    n_selected = int(np.count_nonzero(mask))
+    if n_selected > max_tokens:
+        raise ValueError(f"{where} selected {n_selected} nodes, more than {max_tokens}")
+    parents = tree.parents[mask]
+    if not mask[parents[parents >= 0]].all():
+        raise ValueError(f"{where} selected a node without its parent")
+    return mask
+
+
+def _tree_pass(run, start, tree, selected, name, target, plan, rng, work, eos):
+    """Score the selected nodes as one tree, verify them, append the kept path.
+
+    Returns ``(new, n_kept, token, path, seconds, work)``: tokens appended, nodes kept,
+    the token drawn after them (-1 if dropped: after ``eos`` or at the run's end), the
+    kept nodes as indices of ``tree``, the target's time, and the workspace.
+    """
+    nodes = np.flatnonzero(selected)
+    sub = tree.subtree(selected)
+    _check_proposal_range(sub.tokens, target.vocab_size, name)
+    seconds = target.elapsed
+    rows = target.tree_rows(run.ids[0, :start], sub.tokens, sub.parents)
+    seconds = target.elapsed - seconds
+    if target.calls == 1:
+        check_token_range(run.prompt, eos, target.vocab_size)
+        _check_proposal_range(sub.tokens, target.vocab_size, name)
+    if work is None:
+        work = plan.verifier.workspace(target.vocab_size)
+
+    def name_row(row: int, reason: str) -> str:
+        where = "after the sequence" if row == 0 else f"after tree node {row - 1}"
+        return f"{target.name}.forward_tree returned {reason} in row {row} ({where})"
+
+    path, token = plan.verifier.verify_tree(
+        rows,
+        Draft(sub.tokens, parents=sub.parents),
+        controls=plan.controls,
+        rng=rng,
+        workspace=work,
+        name_row=name_row,
+    )
+    n_kept = len(path)
+    kept = sub.tokens[path]
+    run.tokens[start : start + n_kept] = kept
+    if (n_kept and kept[-1] == eos) or start + n_kept >= run.limit:
+        token = -1  # drawn, but past the end of the output
+    new = n_kept
+    if token >= 0:
+        run.tokens[start + n_kept] = token
+        new += 1
+    run.length = start + new
+    return new, n_kept, token, nodes[path], seconds, work
 
 
 def _pause(run: Run, start: int):

@@ -56,6 +56,22 @@ def check_proposal(proposal, max_tokens: int, name: str) -> np.ndarray:
     return array
 
 
+def check_candidates(candidates, max_tokens: int, max_candidates: int, name: str) -> list:
+    """A drafter's candidates as a list of non-empty int64 proposals (see check_proposal)."""
+    if not isinstance(candidates, (list, tuple)):
+        raise TypeError(
+            f"drafter {name}: propose_candidates() returned a {type(candidates).__name__}; "
+            "expected a list of 1-D arrays of int token ids"
+        )
+    if len(candidates) > max_candidates:
+        raise ValueError(
+            f"drafter {name} proposed {len(candidates)} candidates, more than "
+            f"max_candidates={max_candidates}"
+        )
+    checked = [check_proposal(c, max_tokens, name) for c in candidates]
+    return [c for c in checked if len(c)]
+
+
 def check_int_option(name: str, value, minimum: int, maximum: int | None = None) -> int:
     """An option that must be an int >= *minimum* (and <= *maximum*); a bool is not an int."""
     if type(value) is int and value >= minimum and (maximum is None or value <= maximum):

@@ -255,3 +255,41 @@ class SuffixTrie:
             probs.append(prob)
             node = child
         return tokens, probs
+
+    def branches(self, node: int, path: list, max_tokens: int, min_prob: float, k: int):
+        """Up to ``k`` alternatives to ``path`` (``walk_path(node, ...)``'s tokens).
+
+        Each leaves the path at some node of it (``node`` itself or one of the path's
+        nodes) by another child than the path's, then follows the most frequent
+        children (as :meth:`walk_path`); the alternatives whose first new token is the
+        most probable (the product of the branch frequencies down to it, at least
+        ``min_prob``) come first.
+
+        Returns
+        -------
+        list of list of int
+            Whole candidates (the shared part of ``path``, then the branch).
+        """
+        count, cont, children, best = self.count, self.cont, self.children, self.best
+        options = []  # (probability, depth on the path, child)
+        prob, at = 1.0, node
+        for depth in range(min(len(path), max_tokens)):
+            kids = children[at]
+            if kids and cont[at]:
+                for child in kids.values():
+                    if child == best[at]:
+                        continue
+                    p = prob * count[child] / cont[at]
+                    if p >= min_prob:
+                        options.append((p, depth, child))
+            nxt = best[at]
+            if nxt < 0:
+                break
+            prob *= count[nxt] / cont[at]
+            at = nxt
+        options.sort(key=lambda option: (-option[0], option[1]))
+        out = []
+        for p, depth, child in options[:k]:
+            rest, _ = self.walk_path(child, max_tokens - depth - 1, min_prob / p)
+            out.append(path[:depth] + [self.token[child]] + rest)
+        return out

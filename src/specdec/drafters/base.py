@@ -39,6 +39,10 @@ class Drafter(abc.ABC):
             ...                                           # the target verifies the draft
             drafter.extend(tokens, n_new)                 # tokens[-n_new:] were appended
 
+    With a target that scores a tree of drafts in one pass (``forward_tree``), the
+    decoder asks :meth:`propose_candidates` instead: several continuations, best
+    first, verified as one tree.
+
     Notes
     -----
     * ``tokens`` is the whole sequence so far (prompt plus every token kept), as a
@@ -98,6 +102,34 @@ class Drafter(abc.ABC):
             The proposed ids, ``0 <= k <= max_tokens``; empty means no proposal.
             It must be a fresh array (or one the drafter no longer modifies).
         """
+
+    def propose_candidates(
+        self, tokens: np.ndarray, max_tokens: int, max_candidates: int
+    ) -> list[np.ndarray]:
+        """Several candidate continuations of *tokens*, best first, for a tree of drafts.
+
+        Called instead of :meth:`propose` when the decoder can verify a tree of drafts
+        in one target pass (a target with ``forward_tree``).  The first candidate is
+        what :meth:`propose` would have returned; the others are alternatives (the
+        decoder merges shared prefixes, and the draft-length policy decides how many
+        of their tokens are worth verifying).  The default has no alternatives.
+
+        Parameters
+        ----------
+        tokens : numpy.ndarray of int64, shape (L,)
+            As for :meth:`propose`.
+        max_tokens : int
+            The most tokens of each candidate.
+        max_candidates : int
+            The most candidates (>= 1).
+
+        Returns
+        -------
+        list of numpy.ndarray of int64
+            Non-empty proposals, best first; an empty list for no proposal.
+        """
+        proposal = self.propose(tokens, max_tokens)
+        return [proposal] if len(proposal) else []
 
     def extend(self, tokens: np.ndarray, n_new: int) -> None:  # noqa: B027 - an optional hook
         """Take note that the last *n_new* tokens of *tokens* were appended.

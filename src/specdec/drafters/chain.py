@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec.drafters._checks import check_proposal, empty_proposal
+from specdec.drafters._checks import check_candidates, check_proposal, empty_proposal
 from specdec.drafters.base import Drafter
 
 __all__ = ["Chain"]
@@ -180,6 +180,45 @@ class Chain(Drafter):
         self.last_source = -1
         self.last_evidence = None
         return empty_proposal()
+
+    def propose_candidates(
+        self, tokens: np.ndarray, max_tokens: int, max_candidates: int
+    ) -> list[np.ndarray]:
+        """The candidates of the first deterministic drafter that has any, best first.
+
+        As :meth:`propose`, for a tree of drafts (see
+        :meth:`Drafter.propose_candidates`); sets :attr:`last_source` and
+        :attr:`last_evidence`.
+
+        Parameters
+        ----------
+        tokens : numpy.ndarray of int64
+            The sequence so far.
+        max_tokens : int
+            The most tokens of each candidate (0: no drafter is asked).
+        max_candidates : int
+            The most candidates.
+
+        Returns
+        -------
+        list of numpy.ndarray of int64
+            Non-empty proposals, best first (empty when no drafter has one).
+        """
+        if max_tokens > 0:
+            for i, drafter in enumerate(self.drafters):
+                candidates = check_candidates(
+                    drafter.propose_candidates(tokens, max_tokens, max_candidates),
+                    max_tokens,
+                    max_candidates,
+                    self._error_names[i],
+                )
+                if candidates:
+                    self.last_source = i
+                    self.last_evidence = getattr(drafter, "last_match_size", None)
+                    return candidates
+        self.last_source = -1
+        self.last_evidence = None
+        return []
 
     def extend(self, tokens: np.ndarray, n_new: int) -> None:
         """Show every deterministic drafter the kept tokens (see :class:`Drafter`)."""

@@ -116,6 +116,9 @@ class PromptLookup(Drafter):
         self._buffer = np.zeros(64, dtype=np.int64)
         self._length = 0
         self._index: dict[tuple, int] = {}
+        # (start, n) -> the start of the n-gram's occurrence before the one at start:
+        # the occurrences of an n-gram, latest first, for propose_candidates.
+        self._older: dict[tuple, int] = {}
 
     def __repr__(self) -> str:
         return (
@@ -176,6 +179,56 @@ class PromptLookup(Drafter):
                 return self._buffer[begin:end].copy()
         return empty_proposal()
 
+    #: Earlier occurrences looked at per call of :meth:`propose_candidates`, at most.
+    MAX_OCCURRENCES = 32
+
+    def propose_candidates(self, tokens, max_tokens: int, max_candidates: int) -> list:
+        """What followed each of the latest occurrences of the matched n-gram, latest first.
+
+        The first candidate is :meth:`propose`'s proposal; the others continue the same
+        n-gram's earlier occurrences (up to :attr:`MAX_OCCURRENCES` looked at), each
+        kept only if it adds a continuation no earlier candidate holds.
+
+        Parameters
+        ----------
+        tokens : array_like of int, shape (L,)
+            The whole sequence so far.
+        max_tokens : int
+            The most tokens per candidate (>= 0).
+        max_candidates : int
+            The most candidates (>= 1).
+
+        Returns
+        -------
+        list of numpy.ndarray of int64
+            Non-empty, best (latest) first; empty when :meth:`propose` has nothing.
+        """
+        tokens = as_sequence(tokens)
+        max_candidates = check_int_option("max_candidates", max_candidates, 1)
+        first = self.propose(tokens, max_tokens)
+        if not len(first):
+            return []
+        candidates = [first]
+        n, start = self.last_match_size, self.last_match_position
+        limit = min(self.num_tokens, max_tokens)
+        length = tokens.shape[0]
+        seen = {tuple(first[:i]) for i in range(1, len(first) + 1)}
+        older, buffer = self._older, self._buffer
+        for _ in range(self.MAX_OCCURRENCES):
+            if len(candidates) >= max_candidates:
+                break
+            start = older.get((start, n))
+            if start is None:
+                break
+            begin = start + n
+            candidate = buffer[begin : min(begin + limit, length)]
+            key = tuple(candidate.tolist())
+            if not key or key in seen:
+                continue  # a prefix of an earlier candidate adds nothing
+            seen.update(key[:i] for i in range(1, len(key) + 1))
+            candidates.append(candidate.copy())
+        return candidates
+
     def extend(self, tokens, n_new: int) -> None:
         """Index the n-grams that end at the *n_new* appended tokens.
 
@@ -204,6 +257,7 @@ class PromptLookup(Drafter):
     def _reset(self) -> None:
         self._length = 0
         self._index = {}
+        self._older = {}
 
     def _sync(self, tokens: np.ndarray, tail: list | None) -> None:
         """Make the index cover *tokens*, re-indexing only when it does not already.
@@ -245,12 +299,17 @@ class PromptLookup(Drafter):
         sizes = range(self.min_ngram_size, self.max_ngram_size + 1)
         offset = max(first - self.max_ngram_size + 1, 0)
         window = self._buffer[offset : last + 1].tolist()
-        index = self._index
-        # Increasing end positions: a later occurrence overwrites an earlier one.
+        index, older = self._index, self._older
+        # Increasing end positions: a later occurrence overwrites an earlier one, which
+        # it links to.
         for end in range(first, last + 1):
             stop = end + 1 - offset
             for n in sizes:
                 begin = end + 1 - n
                 if begin < 0:
                     break
-                index[tuple(window[begin - offset : stop])] = begin
+                key = tuple(window[begin - offset : stop])
+                previous = index.get(key)
+                index[key] = begin
+                if previous is not None:
+                    older[(begin, n)] = previous

@@ -141,6 +141,7 @@ class SuffixDrafter(Drafter):
         self.last_match_size = 0
         self.last_probabilities: list = []
         self.last_tree = None
+        self._last_start = None  # (trie, node) of the last proposal's match
         self.reset()
 
     def __repr__(self) -> str:
@@ -258,17 +259,59 @@ class SuffixDrafter(Drafter):
         if max_tokens == 0 or tokens.shape[0] == 0:
             return empty_proposal()
         self._sync(tokens)
-        best = (0.0, 0, [], [], None)  # score, match length, tokens, probabilities, tree
+        # score, match length, tokens, probabilities, tree name, (trie, node)
+        best = (0.0, 0, [], [], None, None)
         for name, trie, active in (
             ("local", self._local, self._local_active),
             ("global", self._global, self._global_active),
         ):
             best = self._best_path(trie, active, max_tokens, best, name)
-        score, match, proposal, probs, tree = best
+        score, match, proposal, probs, tree, self._last_start = best
         if not proposal:
             return empty_proposal()
         self.last_match_size, self.last_probabilities, self.last_tree = match, probs, tree
         return np.array(proposal, dtype=np.int64)
+
+    def propose_candidates(self, tokens, max_tokens: int, max_candidates: int) -> list:
+        """The best continuation and the most probable branches off it, best first.
+
+        The first candidate is :meth:`propose`'s; each other one leaves that path at
+        one of its nodes by another continuation seen in the same tree, then follows
+        the most frequent continuations (the branches whose first new token is the
+        most probable first, each at least ``min_token_prob``).
+
+        Parameters
+        ----------
+        tokens : array_like of int, shape (L,)
+            The whole sequence so far.
+        max_tokens : int
+            The most tokens per candidate (>= 0).
+        max_candidates : int
+            The most candidates (>= 1).
+
+        Returns
+        -------
+        list of numpy.ndarray of int64
+            Non-empty, best first; empty when :meth:`propose` has nothing.
+        """
+        max_candidates = check_int_option("max_candidates", max_candidates, 1)
+        first = self.propose(tokens, max_tokens)
+        if not len(first):
+            return []
+        candidates = [first]
+        if max_candidates > 1:
+            trie, node = self._last_start
+            # the first candidate's cap: a longer match drafts longer (see the class)
+            limit = min(
+                check_max_tokens(max_tokens),
+                self.num_tokens,
+                int(self.last_match_size * self.max_spec_factor + self.max_spec_offset + 1e-9),
+            )
+            for branch in trie.branches(
+                node, first.tolist(), limit, self.min_token_prob, max_candidates - 1
+            ):
+                candidates.append(np.array(branch, dtype=np.int64))
+        return candidates
 
     def _best_path(self, trie: SuffixTrie, active: list, max_tokens: int, best, name: str):
         """The best of ``best`` and the paths of ``trie`` from the ``active`` matches."""
@@ -283,7 +326,7 @@ class SuffixDrafter(Drafter):
             proposal, probs = trie.walk_path(active[match - 1], cap, min_prob)
             score = math.fsum(probs)
             if score > best_score or (score == best_score and score > 0 and match > best_match):
-                best = (score, match, proposal, probs, name)
+                best = (score, match, proposal, probs, name, (trie, active[match - 1]))
                 best_score, best_match = score, match
         return best
 

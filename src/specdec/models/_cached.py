@@ -56,7 +56,7 @@ def _rows_wanted(logits_to_keep: int | None, length: int) -> int:
     return n
 
 
-def _common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
+def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
     """Length of the longest common prefix of two 1-D integer arrays.
 
     Done with one vectorised comparison rather than a Python loop because it
@@ -230,7 +230,7 @@ class PrefixCachedModel(abc.ABC):
             self._first_use_done = True
             self._first_use()
         self.n_forward_calls += 1
-        n_common = _common_prefix_length(seq, self._cached_ids())
+        n_common = common_prefix_length(seq, self._cached_ids())
         self._roll_back(self._first_to_evaluate(n_common, length, n_rows))
         start = int(self._cached_ids().shape[0])  # 0 if the cache had to start over
         result = self._evaluate(seq, start, n_rows)

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from specdec.models._cached import _common_prefix_length
-from specdec.models._tree_scoring import _check_tree, node_paths, score_tree_by_branches
+from specdec.models._cached import common_prefix_length
+from specdec.models._tree_scoring import check_tree, node_paths, score_tree_by_branches
 from specdec.models.llama_cpp import LlamaCppModel
 
 __all__ = ["LlamaCppTreeModel"]
@@ -84,7 +84,7 @@ class LlamaCppTreeModel(LlamaCppModel):
         numpy.ndarray
             float32 ``(N + 1, V)``: row 0 after the prefix, row ``i + 1`` after node ``i``.
         """
-        tokens, par = _check_tree(token_ids, parents)
+        tokens, par = check_tree(token_ids, parents)
         prefix = np.asarray(prefix_ids).reshape(-1).astype(np.int64, copy=False)
         if prefix.size == 0:
             raise ValueError("prefix_ids must contain at least one token")
@@ -104,7 +104,7 @@ class LlamaCppTreeModel(LlamaCppModel):
             first = int(np.flatnonzero(par == first)[0])
         leaves.remove(first)
         leaves.insert(0, first)
-        n_common = _common_prefix_length(prefix, self._cached_ids())
+        n_common = common_prefix_length(prefix, self._cached_ids())
         self._roll_back(min(n_common, length - 1))
         start = int(self._cached_ids().shape[0])
         total = length - start + n

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["node_paths", "score_tree", "score_tree_by_branches"]
+__all__ = ["check_tree", "node_paths", "score_tree", "score_tree_by_branches"]
 
 
-def _check_tree(token_ids: Any, parents: Any) -> tuple[np.ndarray, np.ndarray]:
+def check_tree(token_ids: Any, parents: Any) -> tuple[np.ndarray, np.ndarray]:
     """Validate a tree's arrays (shapes, dtypes, parent order) and return them as int64."""
     tokens = np.asarray(token_ids)
     par = np.asarray(parents)
@@ -100,7 +100,7 @@ def score_tree_by_branches(model: Any, prefix_ids: Any, token_ids: Any, parents:
     numpy.ndarray
         float32 ``(N + 1, V)``: row 0 after the prefix, row ``i + 1`` after node ``i``.
     """
-    tokens, par = _check_tree(token_ids, parents)
+    tokens, par = check_tree(token_ids, parents)
     prefix = np.asarray(prefix_ids).reshape(-1).astype(np.int64, copy=False)
     if prefix.size == 0:
         raise ValueError("prefix_ids must contain at least one token")

@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from specdec.models._cached import PrefixCachedModel
+from specdec.models._cached import PrefixCachedModel, common_prefix_length
 from specdec.models._optional import import_optional
 from specdec.models._text import check_messages, end_of_turn_id
+from specdec.models._tree_scoring import check_tree, node_paths
 
 __all__ = ["TransformersModel"]
 
@@ -221,6 +222,113 @@ class TransformersModel(PrefixCachedModel):
         # A model that handed no cache back must start over next time.
         self._tokens = seq.copy() if self._cache is not None else self._tokens[:0]
         return result
+
+    # -- a tree of drafts in one pass ------------------------------------------------
+
+    #: Most candidates per tree the decoder builds for this model (any width works: the
+    #: tree is one batch under a 4-D attention mask).
+    tree_width = 4
+
+    def forward_tree(self, prefix_ids: Any, token_ids: Any, parents: Any) -> np.ndarray:
+        """Target rows of a tree of drafts after ``prefix_ids``, in one forward pass.
+
+        The prefix's uncached tokens and every node go into one batch; a 4-D attention
+        mask lets each node see the prefix and its own ancestors only, and its position
+        id is its depth after the prefix, so every row is the row of evaluating its
+        branch as a plain sequence.  Afterwards the cache keeps the prefix and the
+        branch of the first nodes (``0, 1, ...`` while each is the previous one's
+        child, as a tree built from candidates starts with the best one), so the next
+        ``forward`` over the kept sequence reuses what it shares with that branch.
+
+        Parameters
+        ----------
+        prefix_ids : array_like of int, shape (L,) or (1, L)
+            The sequence before the tree, at least one token.
+        token_ids, parents : array_like of int, shape (N,)
+            The tree, as in :func:`specdec.verify_tree`.
+
+        Returns
+        -------
+        numpy.ndarray
+            float32 ``(N + 1, V)``: row 0 after the prefix, row ``i + 1`` after node ``i``.
+        """
+        tokens, par = check_tree(token_ids, parents)
+        prefix = np.asarray(prefix_ids).reshape(-1).astype(np.int64, copy=False)
+        if prefix.size == 0:
+            raise ValueError("prefix_ids must contain at least one token")
+        n = tokens.shape[0]
+        if n == 0:
+            return self.forward(prefix[None, :], logits_to_keep=1)[0]
+        depth = np.array([len(path) for path in node_paths(par)], dtype=np.int64)
+        length = prefix.shape[0]
+        self._check_fits(length + int(depth.max()))
+        if not self._first_use_done:
+            self._first_use_done = True
+            self._first_use()
+        # The prefix's last token is evaluated again if cached: its row is row 0.
+        self._roll_back(min(common_prefix_length(prefix, self._tokens), length - 1))
+        start = self._tokens.shape[0]
+        m = length - start + n  # this pass's query positions
+        ancestors = np.zeros((n, n), dtype=bool)  # node i sees node j
+        for i, p in enumerate(par.tolist()):
+            if p >= 0:
+                ancestors[i] = ancestors[p]
+            ancestors[i, i] = True
+        allowed = np.zeros((m, start + m), dtype=bool)
+        allowed[:, :start] = True  # the cached prefix
+        k = length - start  # uncached prefix tokens: causal among themselves
+        allowed[:k, start : start + k] = np.tril(np.ones((k, k), dtype=bool))
+        allowed[k:, start : start + k] = True
+        allowed[k:, start + k :] = ancestors
+        positions = np.concatenate([np.arange(start, length), length - 1 + depth])
+        ids = np.concatenate([prefix[start:], tokens])
+        kept = 0  # the leading chain of nodes 0, 1, ...: its cache entries are in order
+        while kept < n and par[kept] == kept - 1:
+            kept += 1
+        rows = self._evaluate_tree(ids, positions, allowed, start, length + kept, k - 1)
+        self._tokens = (
+            np.concatenate([prefix, tokens[:kept]])
+            if self._cache is not None
+            else (self._tokens[:0])
+        )
+        self.n_forward_calls += 1
+        self.n_evaluated_tokens += m
+        return rows
+
+    def _evaluate_tree(self, ids, positions, allowed, start, keep, first_row) -> np.ndarray:
+        """One pass over ``ids`` under the mask ``allowed``; the cache cut to ``keep``."""
+        torch = self._torch
+        if self._cache is None:
+            self._cache = self._new_cache()
+        parameter = next(self.model.parameters(), None)
+        dtype = parameter.dtype if parameter is not None else torch.float32
+        mask = torch.full(allowed.shape, torch.finfo(dtype).min, dtype=dtype)
+        mask[torch.from_numpy(allowed)] = 0.0
+        kwargs: dict[str, Any] = {
+            "use_cache": True,
+            "attention_mask": mask[None, None].to(self.device),
+            "position_ids": torch.tensor(positions[None], dtype=torch.long, device=self.device),
+        }
+        if self._cache is not None:
+            kwargs[self._cache_arg] = self._cache
+        try:
+            with torch.inference_mode():
+                out = self.model(
+                    torch.tensor(ids[None], dtype=torch.long, device=self.device), **kwargs
+                )
+                logits = out.logits[0, first_row:]
+                rows = logits.to(device="cpu", dtype=torch.float32).numpy().copy()
+        except BaseException:
+            self._cache = None  # it may hold part of this pass in some layers
+            self._tokens = self._tokens[:0]
+            raise
+        returned = out.get(self._cache_arg) if hasattr(out, "get") else None
+        if returned is not None:
+            self._cache = returned
+        # Entries past the kept branch are other branches' (and not in sequence order).
+        if keep < start + len(ids):
+            self._cache = self._cropped(self._cache, keep, start + len(ids))
+        return rows
 
     # -- text (with the tokenizer given at creation) ------------------------------
 
