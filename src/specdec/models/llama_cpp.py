@@ -358,6 +358,13 @@ class LlamaCppModel(PrefixCachedModel):
         llama.reset()
         self._remove_from_cache(0)
 
+    def _drop_unrecorded(self) -> None:
+        """Remove cache entries past the record (``n_tokens``), or empty the cache."""
+        llama = self.llama
+        if not self._remove_from_cache(int(llama.n_tokens)):
+            llama.reset()
+            self._remove_from_cache(0)
+
     # -- public API --------------------------------------------------------
 
     def _evaluate(self, seq: np.ndarray, start: int, n_rows: int) -> np.ndarray:
@@ -375,12 +382,19 @@ class LlamaCppModel(PrefixCachedModel):
                 end = min(length, begin + self._batch.capacity)
                 # Ask llama.cpp for the wanted rows only (at least one per batch).
                 first_output = min(max(first_row, begin), end - 1)
-                self._batch.decode(
-                    ctx, tokens[begin - start : end - start], begin, first_output - begin
-                )
-                # Keep the Llama object's record of its cache right (see Notes).
-                llama.input_ids[begin:end] = tokens[begin - start : end - start]
-                llama.n_tokens = end
+                try:
+                    self._batch.decode(
+                        ctx, tokens[begin - start : end - start], begin, first_output - begin
+                    )
+                    # Keep the Llama object's record of its cache right (see Notes).
+                    llama.input_ids[begin:end] = tokens[begin - start : end - start]
+                    llama.n_tokens = end
+                except BaseException:
+                    # Ctrl-C lands as llama_decode returns, before the record: the
+                    # cache then holds positions the record does not, which the next
+                    # call continuing from the record could not decode over.
+                    self._drop_unrecorded()
+                    raise
                 out = self._batch.logits(ctx, end - first_output, self.vocab_size)
                 if end > first_row:
                     rows[max(first_row, first_output) - first_row : end - first_row] = out[
