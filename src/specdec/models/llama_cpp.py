@@ -466,6 +466,16 @@ class LlamaCppModel(PrefixCachedModel):
             return ""
         return self.llama.detokenize([token], special=True).decode("utf-8", errors="replace")
 
+    def _is_special(self, token: int) -> bool:
+        """Whether the vocabulary marks ``token`` as a control or end-of-generation token."""
+        lib = self._llama_cpp
+        vocab = self.llama.model
+        if hasattr(lib, "llama_model_get_vocab"):  # llama.cpp's vocabulary API (2025 on)
+            vocab = lib.llama_model_get_vocab(self.llama.model)
+        is_control = getattr(lib, "llama_vocab_is_control", None) or lib.llama_token_is_control
+        is_eog = getattr(lib, "llama_vocab_is_eog", None) or lib.llama_token_is_eog
+        return bool(is_control(vocab, token) or is_eog(vocab, token))
+
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
         """The chat as text, formatted with the GGUF's own template.
 
@@ -508,6 +518,7 @@ class LlamaCppModel(PrefixCachedModel):
             eot = end_of_turn_id(
                 self.apply_chat_template,
                 lambda text: self.tokenize(text, add_bos=False, special=True),
+                is_special=self._is_special,
             )
         return list(dict.fromkeys(t for t in (eot, self.eos_token_id) if t is not None))
 
