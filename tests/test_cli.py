@@ -178,6 +178,30 @@ def test_demo_says_what_exactness_means_above_temperature_0(capsys):
     assert (exactness["first_difference"] is None) == same
 
 
+def test_demo_stops_both_runs_at_any_stop_id(capsys, monkeypatch):
+    import dataclasses
+
+    argv = [*DEMO, "--temperature", "0", "--max-tokens", "40", "--prompt", REPEAT]
+    greedy = byte_corpus.encode(run_json(argv, capsys)["autoregressive"]["text"])
+    k = next(i for i in range(8, len(greedy)) if greedy[i] not in greedy[:i])
+    assert 0 not in greedy  # byte 0 never comes: the first stop id stays unseen
+    load = demo_models.load_ngram_models
+    monkeypatch.setattr(
+        demo_models,
+        "load_ngram_models",
+        lambda quiet: dataclasses.replace(load(quiet), stop_token_ids=[0, greedy[k]]),
+    )
+    report = run_json(argv, capsys)
+    expected = byte_corpus.decode(greedy[:k])
+    assert report["speculative"]["text"] == expected == report["autoregressive"]["text"]
+    assert report["exactness"]["identical"]
+    # The stats count the stop token (a pass made it final).
+    assert report["autoregressive"]["total_tokens_generated"] == k + 1
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    assert "streamed as it is made ---\n" + REPEAT + expected + "\n---" in out
+
+
 def test_exactness_finds_the_first_difference():
     assert demo._exactness([9, 1, 2, 3], [9, 1, 2, 3], 1, 0.0)["identical"]
     different = demo._exactness([9, 1, 5, 3], [9, 1, 2, 3], 1, 0.0)
@@ -591,6 +615,33 @@ def test_generate_json_and_compare(capsys, backend):
     assert report["settings"]["temperature"] == 0.0
 
 
+@pytest.mark.parametrize("argv", [["--draft", "none"], ["--draft", "lookup"], ["--compare"]])
+def test_generate_stops_at_any_stop_id_on_every_path(capsys, monkeypatch, argv):
+    from specdec.cli import generate
+
+    greedy = run_json([*GENERATE, "--prompt", REPEAT, "--draft", "none"], capsys)["ids"]
+    # A token the text first writes well into it ("y" of "import sys").
+    k = next(i for i in range(8, len(greedy)) if greedy[i] not in greedy[:i])
+    second = greedy[k]
+    assert 0 not in greedy  # byte 0 never comes: the first stop id stays unseen
+    # Two stop ids, as a chat model's end of turn and end of sequence: the text ends at
+    # whichever comes first, here the second.
+    monkeypatch.setattr(
+        generate, "_prompt_ids", lambda args, loaded: (loaded.encode(args.prompt), [0, second])
+    )
+    code, out, err = run([*GENERATE, "--prompt", REPEAT, *argv], capsys)
+    assert code == 0, err
+    assert out == byte_corpus.decode(greedy[:k]) + "\n"
+    report = run_json([*GENERATE, "--prompt", REPEAT, *argv], capsys)
+    assert report["ids"] == greedy[:k]
+    # The stats count the stop token (a pass made it), in both runs alike.
+    if "--compare" in argv:
+        assert report["plain"]["total_tokens_generated"] == k + 1
+        assert report["plain"]["num_target_forward_passes"] == k + 1
+    elif argv[1] == "none":
+        assert report["stats"]["total_tokens_generated"] == k + 1
+
+
 @pytest.mark.parametrize("draft", ["lookup", "ngram", "none"])
 def test_generate_greedy_text_is_the_same_whatever_drafts(capsys, draft):
     plain = run_json([*GENERATE, "--prompt", REPEAT, "--draft", "none"], capsys)
@@ -652,15 +703,13 @@ def test_generate_without_llama_cpp_prints_the_install_hint(capsys, monkeypatch)
 
 
 def test_generate_ctrl_c_exits_130_and_ends_the_line(capsys, monkeypatch):
-    from specdec.cli import generate
-
-    class Interrupted(generate.TextStream):
+    class Interrupted(demo.TextStream):
         def __next__(self):
             if self.text:
                 raise KeyboardInterrupt
             return super().__next__()
 
-    monkeypatch.setattr(generate, "TextStream", Interrupted)
+    monkeypatch.setattr(demo, "TextStream", Interrupted)
     code, out, err = run([*GENERATE, "--prompt", REPEAT], capsys)
     assert code == 130 and out.endswith("\n") and len(out) > 1
     assert "Traceback" not in err
@@ -682,6 +731,13 @@ def smollm2_installed():
         if require:
             pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
         pytest.skip(f"SmolLM2 through llama-cpp-python is not installed: {exc}")
+
+
+def test_demo_gguf_prompt_is_the_models_own_chat_template(smollm2_installed):
+    models = demo_models.load_llama_models("smollm2", "lookup", True, 1024)
+    target, chat = models.target, [{"role": "user", "content": demo.DEFAULT_TASK}]
+    assert models.encode(demo.DEFAULT_TASK) == target.encode_chat(chat)
+    assert models.stop_token_ids == target.stop_token_ids
 
 
 def test_generate_smollm2_chat(capsys, backend, smollm2_installed):

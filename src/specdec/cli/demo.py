@@ -14,6 +14,8 @@ import sys
 import time
 
 import specdec
+from specdec._decoder import _sampling_passes
+from specdec._streaming import TextStream, TokenStream
 from specdec.cli import demo_models
 from specdec.cli.options import (
     MAX_GAMMA,
@@ -26,7 +28,6 @@ from specdec.cli.options import (
 )
 from specdec.cli.output import Progress, bar_chart, print_json, printable, row
 from specdec.drafters import Drafter
-from specdec.models._text import IncrementalDetokenizer
 
 __all__ = [
     "configure",
@@ -240,6 +241,31 @@ def _stats_dict(stats, wall_time: float) -> dict:
     return out
 
 
+def plain_stream(target, prompt, max_tokens: int, eos, controls: dict, seed, backend):
+    """Plain sampling (``specdec.sample``'s loop) as a :class:`TokenStream`, one token a pass.
+
+    So that plain sampling stops at any stop id through the same :class:`TextStream` as
+    speculative decoding does (``sample`` takes one end-of-sequence id).
+    """
+    controls = tuple(controls[k] for k in ("temperature", "top_k", "top_p", "min_p"))
+    passes = _sampling_passes(target, prompt, max_tokens, eos, controls, seed, None, backend)
+    return TokenStream(next(passes), passes)
+
+
+def text_of(tokens, detokenize, stops, write=None):
+    """Run a :class:`TokenStream` to its first stop id; return ``(new ids, stats)``.
+
+    The ids end before the stop token; the stats count every token the loop made
+    final, the stop token included (it took a pass).  ``write(piece)`` sees the text
+    as it comes.
+    """
+    text = TextStream(tokens, detokenize, stops)
+    for piece in text:
+        if write is not None:
+            write(piece)
+    return text.ids, text.stats
+
+
 def _timed(label: str, total: int, prompt_len: int, progress_enabled: bool, call):
     """Run ``call(on_call)``, feeding a progress bar from the target's calls.
 
@@ -320,15 +346,16 @@ def run_demo(args) -> int:
             loaded.target.reset()
         return target(hook)
 
-    streamer = None
-    if not args.json:  # the speculative run is shown as it is made: the text is its progress
+    stops = loaded.stop_token_ids
+    eos = stops[0] if stops else None  # the loops stop there; TextStream at any stop id
+    streamed = not args.json
+    if streamed:  # the speculative run is shown as it is made: the text is its progress
         print("\n".join(_header_lines(backend, loaded.description, args.prompt, prompt_ids)))
         print(
             "--- prompt + speculative decoding, streamed as it is made ---\n"
             + printable(args.prompt + _reply_separator(loaded.info)),
             end="",
         )
-        streamer = IncrementalDetokenizer(loaded.decode, on_text=_write)
     try:
         # One short untimed run first: a model's first calls page its weights in.
         specdec.sample(loaded.target, prompt_ids, 2, temperature=0.0, backend=backend)
@@ -336,38 +363,41 @@ def run_demo(args) -> int:
             args.gamma, seed=args.seed, backend=backend, **controls
         )
         try:
-            (spec_ids, spec_stats), spec_time = _timed(
+            (spec_new, spec_stats), spec_time = _timed(
                 "speculative   ",
                 args.max_tokens,
                 len(prompt_ids),
-                progress and streamer is None,
-                lambda hook: decoder.generate(
-                    draft,
-                    fresh_target(hook),
-                    prompt_ids,
-                    args.max_tokens,
-                    loaded.eos_token_id,
-                    streamer=streamer,
+                progress and not streamed,
+                lambda hook: text_of(
+                    decoder.stream(draft, fresh_target(hook), prompt_ids, args.max_tokens, eos),
+                    loaded.decode,
+                    stops,
+                    _write if streamed else None,
                 ),
             )
         finally:
-            if streamer is not None:
+            if streamed:
                 print(flush=True)
-        (ar_ids, ar_stats), ar_time = _timed(
+        (ar_new, ar_stats), ar_time = _timed(
             "autoregressive",
             args.max_tokens,
             len(prompt_ids),
             progress,
-            lambda hook: specdec.sample(
-                fresh_target(hook),
-                prompt_ids,
-                args.max_tokens,
-                loaded.eos_token_id,
-                seed=args.seed,
-                backend=backend,
-                **controls,
+            lambda hook: text_of(
+                plain_stream(
+                    fresh_target(hook),
+                    prompt_ids,
+                    args.max_tokens,
+                    eos,
+                    controls,
+                    args.seed,
+                    backend,
+                ),
+                loaded.decode,
+                stops,
             ),
         )
+        spec_ids, ar_ids = list(prompt_ids) + spec_new, list(prompt_ids) + ar_new
     except (ValueError, ImportError) as error:
         # What the decoder reports about its inputs (a prompt id outside the
         # vocabulary, a backend this install lacks); a TypeError would be a
@@ -402,7 +432,7 @@ def run_demo(args) -> int:
     if args.json:
         print_json(report)
     else:
-        _print_demo(report, streamed=streamer is not None)
+        _print_demo(report, streamed=streamed)
     return 0
 
 

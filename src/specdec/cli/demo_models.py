@@ -78,6 +78,8 @@ class Models:
     eos_token_id: int | None = None
     default_latency_ms: float = 0.0
     info: dict = field(default_factory=dict)
+    #: Where the demo's text ends (the chat template's end of turn first, then EOS).
+    stop_token_ids: list = field(default_factory=list)
 
 
 def _announcer(quiet: bool, message: str):
@@ -225,13 +227,16 @@ def load_llama_models(target_spec: str, draft_spec: str, quiet: bool, n_ctx: int
         info["draft_path"] = str(draft_path)
     info["load_time"] = time.perf_counter() - start
     encode = lambda text: target.tokenize(text, add_bos=True)  # noqa: E731
-    template = target.llama.metadata.get("tokenizer.chat_template", "")
-    if "<|im_start|>" in template:  # a ChatML instruct model (SmolLM2-Instruct): one user turn
-        info["chat_template"] = "ChatML"
+    stops = [target.eos_token_id]
+    if target.chat_template is not None:  # an instruct model: the prompt is one user turn
+        info["chat_template"] = "the model's own (tokenizer.chat_template)"
+        stops = target.stop_token_ids
 
         def encode(text):
-            turn = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-            return target.tokenize(turn, add_bos=False, special=True)
+            try:
+                return target.encode_chat([{"role": "user", "content": text}])
+            except (ValueError, ImportError) as error:  # a template that fails, no jinja2
+                raise CLIError(str(error)) from None
 
     return Models(
         draft,
@@ -241,4 +246,5 @@ def load_llama_models(target_spec: str, draft_spec: str, quiet: bool, n_ctx: int
         f"target {path.name} (llama.cpp), draft {draft_description}",
         eos_token_id=target.eos_token_id,
         info=info,
+        stop_token_ids=stops,
     )

@@ -17,12 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import specdec
-from specdec._streaming import TextStream
 from specdec.cli import demo, demo_models
 from specdec.cli.options import MAX_GAMMA, MAX_SEED, MAX_TOKENS, CLIError, UsageError, number
 from specdec.cli.output import print_json, printable, stderr_line
 from specdec.drafters import Drafter, PromptLookup, SuffixDrafter
-from specdec.models._text import IncrementalDetokenizer
 
 __all__ = ["configure", "run_generate", "DRAFTS"]
 
@@ -238,40 +236,37 @@ def _write(piece: str) -> None:
     sys.stdout.flush()
 
 
+def _gamma(args, loaded) -> int:
+    """Draft tokens per pass, the most with a drafter: as given, else the default; 0 for none."""
+    if loaded.draft is None:
+        return 0
+    if args.gamma is not None:
+        return args.gamma
+    drafter = isinstance(loaded.draft, Drafter)
+    return demo.DEFAULT_DRAFTER_GAMMA if drafter else demo.DEFAULT_GAMMA
+
+
 def _run_once(args, loaded, prompt, stops, controls, show):
-    """One generation; returns (new ids, stats, seconds), printing the text if ``show``."""
+    """One generation; returns (new ids, stats, seconds), printing the text if ``show``.
+
+    Both paths, plain and speculative, go through a :class:`TextStream`, which ends the
+    text at the first of the stop ids (the loops themselves take one).
+    """
     backend = args.backend or specdec.BACKEND
     eos = stops[0] if stops else None
     if hasattr(loaded.target, "reset"):
         loaded.target.reset()  # every run pays for its prompt
     start = time.perf_counter()
     if loaded.draft is None:
-        streamer = IncrementalDetokenizer(
-            loaded.detokenize, on_text=_write if show else None, stop_ids=stops
+        tokens = demo.plain_stream(
+            loaded.target, prompt, args.max_tokens, eos, controls, args.seed, backend
         )
-        ids, stats = specdec.sample(
-            loaded.target,
-            prompt,
-            args.max_tokens,
-            eos,
-            seed=args.seed,
-            backend=backend,
-            streamer=streamer,
-            **controls,
-        )
-        new = [t for t in ids[len(prompt) :] if t not in stops]
     else:
-        gamma = args.gamma
-        if gamma is None:
-            drafter = isinstance(loaded.draft, Drafter)
-            gamma = demo.DEFAULT_DRAFTER_GAMMA if drafter else demo.DEFAULT_GAMMA
-        decoder = specdec.SpeculativeDecoder(gamma, seed=args.seed, backend=backend, **controls)
+        decoder = specdec.SpeculativeDecoder(
+            _gamma(args, loaded), seed=args.seed, backend=backend, **controls
+        )
         tokens = decoder.stream(loaded.draft, loaded.target, prompt, args.max_tokens, eos)
-        text = TextStream(tokens, loaded.detokenize, stops)
-        for piece in text:
-            if show:
-                _write(piece)
-        new, stats = text.ids, text.stats
+    new, stats = demo.text_of(tokens, loaded.detokenize, stops, _write if show else None)
     return new, stats, time.perf_counter() - start
 
 
