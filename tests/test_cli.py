@@ -615,6 +615,16 @@ def test_generate_json_and_compare(capsys, backend):
     assert report["settings"]["temperature"] == 0.0
 
 
+def test_generate_reports_the_effective_gamma(capsys):
+    assert run_json([*GENERATE, "--prompt", REPEAT], capsys)["settings"]["gamma"] == (
+        demo.DEFAULT_DRAFTER_GAMMA
+    )
+    report = run_json([*GENERATE, "--prompt", REPEAT, "--gamma", "3"], capsys)
+    assert report["settings"]["gamma"] == 3
+    report = run_json([*GENERATE, "--prompt", REPEAT, "--draft", "none"], capsys)
+    assert report["settings"]["gamma"] == 0  # plain sampling drafts nothing
+
+
 @pytest.mark.parametrize("argv", [["--draft", "none"], ["--draft", "lookup"], ["--compare"]])
 def test_generate_stops_at_any_stop_id_on_every_path(capsys, monkeypatch, argv):
     from specdec.cli import generate

@@ -341,7 +341,11 @@ def run_generate(args) -> int:
             "description": loaded.description,
             "draft": args.draft,
             "chat": args.chat,
-            "settings": {"max_tokens": args.max_tokens, "gamma": args.gamma, "seed": args.seed}
+            "settings": {
+                "max_tokens": args.max_tokens,
+                "gamma": _gamma(args, loaded),  # the effective value, also when not given
+                "seed": args.seed,
+            }
             | controls,
             "prompt_tokens": len(prompt),
             "text": loaded.detokenize(new),
