@@ -14,6 +14,7 @@ import specdec
 from specdec import cli, measure
 from specdec.cli import demo, demo_models, output
 from specdec.cli.options import MAX_TOKENS, MAX_VOCAB
+from specdec.models._cached import PrefixCachedModel
 from specdec.toymodels import byte_corpus, byte_kn, tables
 
 # What an installation can break: .ci/run's wheel and pure-Python stages run these (-m install).
@@ -665,6 +666,104 @@ def test_generate_sampled_is_reproducible_for_a_seed(capsys):
     argv = [*GENERATE, "--prompt", REPEAT, "--temperature", "0.9", "--top-k", "20"]
     first = run_json([*argv, "--seed", "4"], capsys)
     assert run_json([*argv, "--seed", "4"], capsys)["ids"] == first["ids"]
+
+
+class Uncalibrated(PrefixCachedModel):
+    """A model whose cost curve is measured at its first use, as the adapters' are."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner, self.vocab_size = model, model.vocab_size
+        self._ids = np.zeros(0, dtype=np.int64)
+        self.curve_known_at_runs = []
+
+    def _cached_ids(self):
+        return self._ids
+
+    def _first_to_evaluate(self, n_common, length, n_rows):
+        return min(n_common, length - n_rows)
+
+    def _roll_back(self, n_keep):
+        self._ids = self._ids[:n_keep]
+
+    def _evaluate(self, seq, start, n_rows):
+        self._ids = seq.copy()
+        return np.asarray(self.inner.forward(seq[None], logits_to_keep=n_rows), dtype=np.float32)
+
+
+@pytest.fixture
+def slow_calibration(monkeypatch):
+    """Calibrations take a second here (counted), and give a curve under which drafts pay."""
+    import time as time_module
+
+    from specdec.models import _calibration
+
+    calls = []
+
+    def measure(model, max_length):
+        calls.append(model)
+        time_module.sleep(1.0)
+        return _calibration.check_cost_curve(np.linspace(1.0, 1.5, 16))
+
+    monkeypatch.setattr(_calibration, "measure_cost_curve", measure)
+    return calls
+
+
+@pytest.mark.parametrize("extra", [[], ["--compare"]])
+def test_generate_measures_the_cost_curve_before_the_timed_runs(
+    capsys, monkeypatch, slow_calibration, extra
+):
+    from specdec.cli import generate
+
+    load, run_once = generate._load, generate._run_once
+    targets = []
+
+    def loaded_uncalibrated(args):
+        loaded = load(args)
+        targets.append(Uncalibrated(loaded.target))
+        return generate._Loaded(**{**vars(loaded), "target": targets[-1]})
+
+    def timed_run(args, loaded, *rest):
+        loaded.target.curve_known_at_runs.append(loaded.target._cost_curve is not None)
+        return run_once(args, loaded, *rest)
+
+    monkeypatch.setattr(generate, "_load", loaded_uncalibrated)
+    monkeypatch.setattr(generate, "_run_once", timed_run)
+    report = run_json([*GENERATE, "--prompt", REPEAT, *extra], capsys)
+    assert len(slow_calibration) == 1  # once, and ...
+    assert targets[0].curve_known_at_runs == [True] * (1 + len(extra))  # ... before any run
+    assert report["seconds"] < 1.0  # the speculative run's time leaves the second out
+    code, out, err = run([*GENERATE, "--prompt", REPEAT, *extra], capsys)
+    assert code == 0 and demo.CALIBRATION_MESSAGE in err.splitlines()
+    # Plain sampling reads no cost curve: nothing to measure, nothing said.
+    code, out, err = run([*GENERATE, "--prompt", REPEAT, "--draft", "none"], capsys)
+    assert code == 0 and demo.CALIBRATION_MESSAGE not in err
+
+
+def test_demo_measures_the_cost_curve_before_the_timed_runs(capsys, monkeypatch, slow_calibration):
+    load, timed = demo_models.load_ngram_models, demo._timed
+    targets = []
+
+    def loaded_uncalibrated(quiet):
+        loaded = load(quiet)
+        targets.append(Uncalibrated(loaded.target))
+        loaded.target = targets[-1]
+        return loaded
+
+    def timed_run(*args):
+        targets[-1].curve_known_at_runs.append(targets[-1]._cost_curve is not None)
+        return timed(*args)
+
+    monkeypatch.setattr(demo_models, "load_ngram_models", loaded_uncalibrated)
+    monkeypatch.setattr(demo, "_timed", timed_run)
+    code, out, err = run([*DEMO, "--prompt", REPEAT], capsys)
+    assert code == 0, err
+    assert err.splitlines() == [demo.CALIBRATION_MESSAGE]
+    assert targets[0].curve_known_at_runs == [True, True]
+    assert len(slow_calibration) == 1
+    # The policy sees the measured curve through the demo's wrapper.
+    wrapped = demo_models.InstrumentedModel(targets[0])
+    assert wrapped.cost_curve is targets[0].cost_curve
 
 
 def test_generate_reads_the_prompt_from_stdin(capsys, monkeypatch):

@@ -26,7 +26,7 @@ from specdec.cli.options import (
     UsageError,
     number,
 )
-from specdec.cli.output import Progress, bar_chart, print_json, printable, row
+from specdec.cli.output import Progress, bar_chart, print_json, printable, row, stderr_line
 from specdec.drafters import Drafter
 
 __all__ = [
@@ -241,6 +241,26 @@ def _stats_dict(stats, wall_time: float) -> dict:
     return out
 
 
+#: Said on stderr before the target's cost curve is measured (see :func:`calibrate`).
+CALIBRATION_MESSAGE = "measuring the model's cost of a pass over 1..16 tokens (once)..."
+
+
+def calibrate(target, quiet: bool) -> None:
+    """Measure the target's cost curve now, if it would be measured at its first use.
+
+    The adaptive draft length reads the curve when it first weighs a draft, inside the
+    timed speculative run: one to a few seconds (more on a loaded machine) that plain
+    sampling never pays.  Measured here, during the warm-up, it is said on stderr and
+    left out of both timings.
+    """
+    pending = getattr(target, "_cost_curve_pending", None)
+    if pending is None or not pending():
+        return  # given, already measured, or a model without a calibration
+    if not quiet:
+        stderr_line(CALIBRATION_MESSAGE)
+    target.cost_curve  # noqa: B018 (measures it; kept by the adapter)
+
+
 def plain_stream(target, prompt, max_tokens: int, eos, controls: dict, seed, backend):
     """Plain sampling (``specdec.sample``'s loop) as a :class:`TokenStream`, one token a pass.
 
@@ -359,6 +379,7 @@ def run_demo(args) -> int:
     try:
         # One short untimed run first: a model's first calls page its weights in.
         specdec.sample(loaded.target, prompt_ids, 2, temperature=0.0, backend=backend)
+        calibrate(loaded.target, quiet)
         decoder = specdec.SpeculativeDecoder(
             args.gamma, seed=args.seed, backend=backend, **controls
         )

@@ -53,6 +53,11 @@ class InstrumentedModel:
         # rows exactly when the decoder would have.
         self._keeps_rows = accepts_logits_to_keep(model.forward)
 
+    @property
+    def cost_curve(self):
+        """The wrapped model's cost curve (None without one), read when a policy asks."""
+        return getattr(self.model, "cost_curve", None)
+
     def forward(self, ids, logits_to_keep=None):
         """Forward to the wrapped model, simulating its latency and calling the hook."""
         if self.on_call is not None:
