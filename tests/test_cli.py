@@ -766,6 +766,55 @@ def test_demo_measures_the_cost_curve_before_the_timed_runs(capsys, monkeypatch,
     assert wrapped.cost_curve is targets[0].cost_curve
 
 
+class CountingModel:
+    """A draft model that counts its calls."""
+
+    def __init__(self, model):
+        self.model, self.vocab_size, self.calls = model, model.vocab_size, 0
+
+    def forward(self, ids, logits_to_keep=None):
+        self.calls += 1
+        return self.model.forward(ids, logits_to_keep=logits_to_keep)
+
+
+def test_generate_and_demo_warm_the_draft_model_up_before_the_timed_run(capsys, monkeypatch):
+    from specdec.cli import generate
+
+    load, run_once, timed = generate._load, generate._run_once, demo._timed
+    drafts, calls_at_run = [], []
+
+    def counted_draft(args):
+        loaded = load(args)
+        drafts.append(CountingModel(loaded.draft))
+        return generate._Loaded(**{**vars(loaded), "draft": drafts[-1]})
+
+    def generate_run(args, loaded, *rest):
+        calls_at_run.append(drafts[-1].calls)
+        return run_once(args, loaded, *rest)
+
+    monkeypatch.setattr(generate, "_load", counted_draft)
+    monkeypatch.setattr(generate, "_run_once", generate_run)
+    run_json([*GENERATE, "--prompt", REPEAT, "--draft", "ngram"], capsys)
+    assert calls_at_run[0] > 0  # paged in before the clock started
+
+    load_models = demo_models.load_ngram_models
+
+    def counted_models(quiet):
+        loaded = load_models(quiet)
+        loaded.draft = CountingModel(loaded.draft)
+        drafts.append(loaded.draft)
+        return loaded
+
+    def demo_run(*args):
+        calls_at_run.append(drafts[-1].calls)
+        return timed(*args)
+
+    monkeypatch.setattr(demo_models, "load_ngram_models", counted_models)
+    monkeypatch.setattr(demo, "_timed", demo_run)
+    run_json([*DEMO, "--prompt", REPEAT], capsys)
+    assert calls_at_run[1] > 0
+
+
 def test_generate_reads_the_prompt_from_stdin(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO(REPEAT))
     from_stdin = run_json(GENERATE, capsys)

@@ -379,6 +379,8 @@ def run_demo(args) -> int:
     try:
         # One short untimed run first: a model's first calls page its weights in.
         specdec.sample(loaded.target, prompt_ids, 2, temperature=0.0, backend=backend)
+        if not isinstance(loaded.draft, Drafter):  # a draft model pages its weights in too
+            specdec.sample(loaded.draft, prompt_ids, 2, temperature=0.0, backend=backend)
         calibrate(loaded.target, quiet)
         decoder = specdec.SpeculativeDecoder(
             args.gamma, seed=args.seed, backend=backend, **controls

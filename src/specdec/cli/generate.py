@@ -315,6 +315,8 @@ def run_generate(args) -> int:
     try:
         stderr_line("warming up (the first calls page the weights in)...")
         specdec.sample(loaded.target, prompt, 1, temperature=0.0, backend=args.backend)
+        if loaded.draft is not None and not isinstance(loaded.draft, Drafter):
+            specdec.sample(loaded.draft, prompt, 1, temperature=0.0, backend=args.backend)
         if loaded.draft is not None:  # only a speculative run reads the cost curve
             demo.calibrate(loaded.target, quiet=False)
         show = not args.json
