@@ -852,6 +852,60 @@ def test_generate_bad_options_exit_2_with_one_line(capsys, argv):
     assert err.count("\n") == 1 and err.startswith("specdec: error: ")
 
 
+@pytest.mark.parametrize("errors", ["surrogateescape", "strict"])
+def test_generate_stdin_that_is_not_utf8_exits_2_with_one_line(capsys, monkeypatch, errors):
+    stdin = io.TextIOWrapper(io.BytesIO(b"caf\xc3 au lait"), encoding="utf-8", errors=errors)
+    monkeypatch.setattr(sys, "stdin", stdin)
+    code, out, err = run(GENERATE, capsys)
+    assert code == 2 and out == ""
+    assert err == "specdec: error: the prompt on stdin is not UTF-8 text (byte 0xc3" + (
+        " after character 3)\n" if errors == "surrogateescape" else ")\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [*GENERATE, "--max-tokens", "300", "--prompt", REPEAT],
+        [*GENERATE, "--max-tokens", "300", "--prompt", REPEAT, "--json"],
+        [*DEMO, "--prompt", REPEAT],
+    ],
+    ids=["generate", "generate --json", "demo"],
+)
+def test_a_reader_that_leaves_ends_the_command_quietly(model_cache, argv):
+    """``specdec generate ... | head -c 20``: no traceback, not even at exit, status 1."""
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(Path(specdec.__file__).parents[1]),
+        SPECDEC_CACHE_DIR=str(model_cache),
+    )
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone before the first write: every write fails
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "specdec", *argv],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
+    assert "specdec: error" not in result.stderr
+
+
+def test_generate_directory_without_a_model_is_a_one_line_error(capsys, tmp_path):
+    code, out, err = run(["generate", "--model", str(tmp_path), "--prompt", "x"], capsys)
+    assert code == 1 and out == ""
+    assert err.splitlines()[-1] == (
+        f"specdec: error: --model {tmp_path}: no config.json there, so no Hugging Face model"
+    )
+
+
 def test_generate_without_llama_cpp_prints_the_install_hint(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     code, out, err = run(["generate", "--prompt", "hi", "--chat"], capsys)
@@ -957,6 +1011,19 @@ def test_generate_hugging_face_directory(capsys, backend, tmp_path):
     assert report["ids"] == plain["ids"] and len(report["ids"]) <= 12
     chat = run_json([*argv, "--prompt", "abc", "--chat"], capsys)
     assert 257 not in chat["ids"] and isinstance(chat["text"], str)
+    # Directories that hold no model: one line each, naming the option.
+    empty, no_tokenizer = tmp_path / "empty", tmp_path / "no-tokenizer"
+    empty.mkdir()
+    no_tokenizer.mkdir()
+    model.config.save_pretrained(no_tokenizer)  # transformers' error here runs to 5 lines
+    for extra, expected in [
+        (["--draft", str(empty)], f"--draft {empty}: no config.json"),
+        (["--model", str(no_tokenizer)], f"cannot load {no_tokenizer}: "),
+    ]:
+        code, out, err = run([*argv, "--prompt", "abc", *extra], capsys)
+        assert code == 1 and out == ""
+        assert err.splitlines()[-1].startswith("specdec: error: " + expected), err
+        assert err.count("specdec: error") == 1 and err.endswith("\n") and "\n(" not in err
 
 
 def test_demo_smollm2_default_task_is_one_where_drafting_pays(capsys, smollm2_installed):

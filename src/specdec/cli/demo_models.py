@@ -15,7 +15,7 @@ from pathlib import Path
 
 from specdec._calling import accepts_logits_to_keep
 from specdec.cli.options import CLIError
-from specdec.cli.output import stderr_line
+from specdec.cli.output import one_line, stderr_line
 from specdec.toymodels import byte_corpus
 
 __all__ = ["Models", "InstrumentedModel", "load_ngram_models", "load_llama_models"]
@@ -150,7 +150,7 @@ def _load_gguf(models, path: Path, n_ctx: int):
     try:
         return models.LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads)
     except (ValueError, OSError, RuntimeError, MemoryError) as error:
-        raise CLIError(f"cannot load {path}: {error}") from None
+        raise CLIError(f"cannot load {path}: {one_line(error)}") from None
 
 
 def _token_ngram_draft(target, quiet: bool):

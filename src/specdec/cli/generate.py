@@ -19,7 +19,7 @@ from pathlib import Path
 import specdec
 from specdec.cli import demo, demo_models
 from specdec.cli.options import MAX_GAMMA, MAX_SEED, MAX_TOKENS, CLIError, UsageError, number
-from specdec.cli.output import print_json, printable, stderr_line
+from specdec.cli.output import one_line, print_json, printable, stderr_line
 from specdec.drafters import Drafter, PromptLookup, SuffixDrafter
 
 __all__ = ["configure", "run_generate", "DRAFTS"]
@@ -172,8 +172,10 @@ class _Loaded:
     description: str
 
 
-def _load_transformers(path: str):
-    torch_hint = f"--model {path} needs transformers and torch; install them with: "
+def _load_transformers(path: str, option: str = "--model"):
+    if not (Path(path) / "config.json").is_file():  # else a page about tokenizer formats
+        raise CLIError(f"{option} {path}: no config.json there, so no Hugging Face model")
+    torch_hint = f"{option} {path} needs transformers and torch; install them with: "
     try:
         import transformers
     except ImportError:
@@ -185,7 +187,7 @@ def _load_transformers(path: str):
         model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
         return TransformersModel(model, tokenizer=tokenizer)
     except (OSError, ValueError, ImportError) as error:
-        raise CLIError(f"cannot load {path}: {error}") from None
+        raise CLIError(f"cannot load {path}: {one_line(error)}") from None
 
 
 def _load(args) -> _Loaded:
@@ -210,7 +212,7 @@ def _load(args) -> _Loaded:
         target = _load_transformers(args.model)
         eos, detokenize = target.eos_token_id, target.detokenize
         encode = target.tokenize
-        draft = None if named else _load_transformers(args.draft)
+        draft = None if named else _load_transformers(args.draft, "--draft")
         description = f"{args.model} (transformers)"
     if args.draft == "lookup":
         draft = PromptLookup()
@@ -290,6 +292,23 @@ def _summary(stats, seconds: float) -> str:
     return line
 
 
+def _read_stdin() -> str:
+    """The prompt piped on stdin; a usage error unless it is UTF-8 (the tokenizers need it)."""
+    try:
+        text = sys.stdin.read()
+        text.encode("utf-8")
+    except UnicodeDecodeError as error:  # a strict stdin (PYTHONIOENCODING=utf-8:strict)
+        byte = error.object[error.start]
+        raise UsageError(f"the prompt on stdin is not UTF-8 text (byte 0x{byte:02x})") from None
+    except UnicodeEncodeError as error:  # the usual: undecodable bytes kept as surrogates
+        byte = ord(error.object[error.start]) - 0xDC00
+        where = f"byte 0x{byte:02x} after character {error.start}"
+        if not 0x80 <= byte <= 0xFF:
+            where = f"character {error.start}"
+        raise UsageError(f"the prompt on stdin is not UTF-8 text ({where})") from None
+    return text
+
+
 def run_generate(args) -> int:
     """Run ``specdec generate`` (see :func:`configure` for the options).
 
@@ -303,7 +322,7 @@ def run_generate(args) -> int:
         Exit status.
     """
     if args.prompt is None:
-        args.prompt = sys.stdin.read()
+        args.prompt = _read_stdin()
         _validate(args)  # the context it needs
     if not args.prompt:
         raise UsageError("the prompt is empty: the first token needs a prompt to follow")
