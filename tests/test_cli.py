@@ -576,6 +576,21 @@ def test_demo_says_why_it_was_faster_or_not(capsys):
     slower = demo.account(stats, plain, 0.7)
     assert "30 of 40 drafted tokens kept" in slower
     assert "a verifying pass cost 5.0x a one-token pass" in slower
+    # Many tokens per pass, each pass dear (seen: 5.71 tokens for 6.9x): the cause is the
+    # verifying passes' cost, not "too few tokens per pass".
+    stats.update(total_draft_tokens_proposed=50, total_draft_tokens_accepted=48)
+    stats.update(tokens_per_step=5.71, target_time=6.9, draft_time=0.01, decoder_time=0.02)
+    dear = demo.account(stats, plain, 0.9)
+    assert "too few" not in dear and "cost 6.9x a one-token pass" in dear
+    assert "5.71 tokens it made" in dear and "cost curve" in dear
+    # Few drafts kept, each pass dear: the drafts are to blame.
+    stats.update(total_draft_tokens_accepted=10, tokens_per_step=1.3, target_time=2.0)
+    assert "too few drafted tokens were kept" in demo.account(stats, plain, 0.9)
+    # Passes that paid for themselves: the time went elsewhere, and the line says where.
+    stats.update(total_draft_tokens_accepted=48, tokens_per_step=5.71, target_time=2.0)
+    stats.update(draft_time=1.5)
+    cheap = demo.account(stats, plain, 0.95)
+    assert "cost only 2.0x" in cheap and "drafting (1.500 s)" in cheap and "too few" not in cheap
 
 
 # -- generate ------------------------------------------------------------------------
