@@ -4,8 +4,10 @@ One run: the prompt (``--prompt`` or stdin, through the model's chat template wi
 ``--chat``), the reply streamed to stdout pass by pass, then one line on stderr
 with tokens per second, tokens per target pass and the drafts kept.  ``--compare``
 also runs plain sampling on the same target and prints the speedup; ``--json``
-prints a report instead of the text.  Progress (model loading, warm-up) goes to
-stderr, so stdout holds only the text.
+prints a report instead of the text.  Progress (model loading, warm-up, the one
+measurement of the target's cost curve, all before any timing) goes to stderr, so
+stdout holds only the text.  Both runs end at the first stop id; their counts include
+the stop token, the text does not.
 """
 
 from __future__ import annotations
