@@ -37,6 +37,10 @@ __all__ = [
     "STATS_FIELDS",
     "MAX_GGUF_CONTEXT",
     "account",
+    "calibrate",
+    "plain_stream",
+    "text_of",
+    "CALIBRATION_MESSAGE",
 ]
 
 #: What the n-gram models continue (they know code, not chat).
@@ -252,6 +256,13 @@ def calibrate(target, quiet: bool) -> None:
     timed speculative run: one to a few seconds (more on a loaded machine) that plain
     sampling never pays.  Measured here, during the warm-up, it is said on stderr and
     left out of both timings.
+
+    Parameters
+    ----------
+    target : object
+        The target model; only adapters with a pending calibration are measured.
+    quiet : bool
+        Say nothing on stderr.
     """
     pending = getattr(target, "_cost_curve_pending", None)
     if pending is None or not pending():
@@ -266,6 +277,27 @@ def plain_stream(target, prompt, max_tokens: int, eos, controls: dict, seed, bac
 
     So that plain sampling stops at any stop id through the same :class:`TextStream` as
     speculative decoding does (``sample`` takes one end-of-sequence id).
+
+    Parameters
+    ----------
+    target : model
+        The target.
+    prompt : sequence of int
+        The prompt's ids.
+    max_tokens : int
+        Most new tokens.
+    eos : int or None
+        The id the loop itself stops after.
+    controls : dict
+        ``temperature``, ``top_k``, ``top_p`` and ``min_p``.
+    seed : int or None
+        Seed of the run's generator.
+    backend : str or None
+        Kernel backend.
+
+    Returns
+    -------
+    specdec.TokenStream
     """
     controls = tuple(controls[k] for k in ("temperature", "top_k", "top_p", "min_p"))
     passes = _sampling_passes(target, prompt, max_tokens, eos, controls, seed, None, backend)
@@ -276,8 +308,23 @@ def text_of(tokens, detokenize, stops, write=None):
     """Run a :class:`TokenStream` to its first stop id; return ``(new ids, stats)``.
 
     The ids end before the stop token; the stats count every token the loop made
-    final, the stop token included (it took a pass).  ``write(piece)`` sees the text
-    as it comes.
+    final, the stop token included (it took a pass).
+
+    Parameters
+    ----------
+    tokens : specdec.TokenStream
+        The run.
+    detokenize : callable
+        ``detokenize(list of int) -> str``.
+    stops : collection of int
+        Ids that end the text.
+    write : callable, optional
+        ``write(piece)`` for each piece of text as it comes.
+
+    Returns
+    -------
+    ids : list of int
+    stats : SpeculativeDecodingStats
     """
     text = TextStream(tokens, detokenize, stops)
     for piece in text:
