@@ -982,6 +982,7 @@ def fixed_cost_curve(monkeypatch):
         "measure_cost_curve",
         lambda model, max_length: _calibration.check_cost_curve(DEFAULT_COST_CURVE),
     )
+    monkeypatch.setattr(_calibration, "_MEASURED", {})  # nothing measured in this process yet
 
 
 def test_generate_smollm2_chat(capsys, backend, smollm2_installed, fixed_cost_curve):
