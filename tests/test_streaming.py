@@ -8,9 +8,10 @@ contract around it:
 * Hugging Face's streamer protocol: ``put(prompt)`` once, ``put(new)`` per target pass
   (1-D int64, never empty), ``end()`` once; ``TextStreamer`` and
   ``TextIteratorStreamer`` work on a ``TransformersModel`` as they are;
-* stopping early (``break``, an exception in ``put``, Ctrl-C inside a model) leaves the
-  models consistent: a new decoder on the interrupted models gives the ids of a clean
-  run, the interrupted decoder carries on, and the stats count what was produced.
+* stopping early (``break``, an exception in ``put``, Ctrl-C inside a model or a llama.cpp
+  decode) leaves the models consistent: a new decoder on the interrupted models gives
+  the ids of a clean run, the interrupted decoder carries on, and the stats count what
+  was produced.
 """
 
 from __future__ import annotations
@@ -426,5 +427,71 @@ def test_transformers_interrupted_mid_forward_then_clean(tiny_hf, backend):
     ids, _ = after.generate(PromptLookup(), target, prompt, 30, rng=2)
     expected, _ = SpeculativeDecoder(4, temperature=0.8, backend=backend).generate(
         PromptLookup(), clean, prompt, 30, rng=2
+    )
+    assert ids == expected
+
+
+@pytest.fixture(scope="module")
+def smollm2_path():
+    """The SmolLM2 GGUF (skipped where absent, failed under SPECDEC_REQUIRE_MODELS=1)."""
+    _require("llama_cpp")
+    try:
+        return specdec.models.smollm2_path()
+    except FileNotFoundError as exc:
+        if REQUIRE_MODELS:
+            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
+        pytest.skip(str(exc))
+
+
+def _interrupt_decode(adapter, n):
+    """Make Ctrl-C land as ``llama_decode`` returns in the adapter's ``n``-th decode.
+
+    That is where Python runs a pending SIGINT handler: the KV cache already holds the
+    batch's positions, but the adapter has not recorded them yet.
+    """
+    real = adapter._batch.decode
+    calls = []
+
+    def decode(*args):
+        real(*args)
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+
+    adapter._batch.decode = decode
+    return lambda: vars(adapter._batch).pop("decode")
+
+
+# The prompt spans three batches of 16 tokens: decodes 1 and 2 are its first two batches
+# (nothing recorded yet, then one batch), decode 5 a verifying pass.
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_llama_ctrl_c_inside_a_decode_then_continuing_the_text(backend, smollm2_path, n):
+    kw = dict(n_ctx=512, n_batch=16, n_threads=1, seed=0, cost_curve=DEFAULT_COST_CURVE)
+    target = specdec.models.LlamaCppModel(smollm2_path, **kw)
+    fresh = specdec.models.LlamaCppModel(smollm2_path, **kw)
+    prompt = target.tokenize("one two three four five, " * 6 + "one two three")
+    assert 32 < len(prompt) <= 48
+    target.batch_invariant  # noqa: B018 (its probe decodes first, before the count starts)
+    restore = _interrupt_decode(target, n)
+    got = []
+    decoder = SpeculativeDecoder(4, temperature=0.0, backend=backend)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for new in decoder.stream(PromptLookup(), target, prompt, 30):
+                got += new.tolist()
+    finally:
+        restore()
+    # The next call continues the text so far (a chat's next turn starts where the cache
+    # ends): it used to fail with "llama_decode returned -1", stale cells in its way.
+    follow = np.array([prompt + got + target.tokenize(" four five", add_bos=False)])
+    np.testing.assert_allclose(
+        target.forward(follow, logits_to_keep=4), fresh.forward(follow, logits_to_keep=4), atol=1e-3
+    )
+    ids, _ = SpeculativeDecoder(4, temperature=0.0, backend=backend).generate(
+        PromptLookup(), target, follow[0], 20
+    )
+    fresh.reset()
+    expected, _ = SpeculativeDecoder(4, temperature=0.0, backend=backend).generate(
+        PromptLookup(), fresh, follow[0], 20
     )
     assert ids == expected

@@ -121,6 +121,7 @@ def test_render_chatml():
         "<|im_start|>assistant\n"
     )
     assert render_chat_template(CHATML, chat, add_generation_prompt=False).endswith("<|im_end|>\n")
+    assert _toy_template("<|im_end|>\n")(chat) == render_chat_template(CHATML, chat)
 
 
 def test_render_template_features():
@@ -183,6 +184,34 @@ def test_end_of_turn_is_read_from_the_template():
     assert end_of_turn_id(lambda m, **_: render_chat_template(plain, m), tokenizer.tokenize) is None
 
 
+def _toy_template(ending):
+    """A template (no Jinja2 needed) that writes ``ending`` after each turn's content."""
+
+    def render(messages, add_generation_prompt=True):
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}{ending}" for m in messages)
+        return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+    return render
+
+
+class EOTTokenizer(ChatMLTokenizer):
+    special = {**ChatMLTokenizer.special, "<|EOT|>": 258}
+
+
+def test_end_of_turn_skips_whitespace_and_prefers_special_tokens():
+    tokenize = EOTTokenizer().tokenize
+    render = _toy_template("\n<|EOT|>\n")  # the first token after the content is "\n"
+    assert end_of_turn_id(render, tokenize) == 258
+    assert end_of_turn_id(render, tokenize, special_ids={256, 257, 258}) == 258
+    assert end_of_turn_id(render, tokenize, is_special=lambda t: t >= 256) == 258
+    # Special tokens known, none written after the turn: no end of turn (a plain-text
+    # token as the stop would cut the reply wherever that text appears).
+    plain = _toy_template("\nEnd.\n")
+    assert end_of_turn_id(plain, tokenize, special_ids={256, 257, 258}) is None
+    assert end_of_turn_id(plain, tokenize, is_special=lambda t: t >= 256) is None
+    assert end_of_turn_id(plain, tokenize) == ord("E")  # nothing known: the first token
+
+
 # -- decoder.chat on a toy adapter ----------------------------------------------------------
 
 
@@ -217,8 +246,8 @@ class ToyChatAdapter(ScriptModel):
         self.tokenizer = ChatMLTokenizer()
 
     def encode_chat(self, messages):
-        pytest.importorskip("jinja2")
-        ids = self.tokenizer.tokenize(render_chat_template(CHATML, messages))
+        # ChatML formatted here, not by Jinja2, so that these tests run in the base install.
+        ids = self.tokenizer.tokenize(_toy_template("<|im_end|>\n")(check_messages(messages)))
         self.prompt_length = len(ids)
         return ids
 
@@ -304,6 +333,23 @@ def test_smollm2_template_and_end_of_turn(smollm2):
     assert smollm2.stop_token_ids == [2]
 
 
+@pytest.mark.parametrize(
+    "ending, stops",
+    [
+        ("<|im_end|>\n", [2]),
+        ("\n<|im_end|>\n", [2]),  # a newline first: it used to be taken for the end of turn
+        ("\n<repo_name>\n", [3, 2]),  # a control token that is no end of generation
+        ("\nEnd.\n", [2]),  # no special token after the turn: the end of sequence only
+    ],
+)
+def test_smollm2_end_of_turn_is_a_special_token(smollm2, monkeypatch, ending, stops):
+    template = "{% for m in messages %}{{ m['content'] + '" + ending.replace("\n", "\\n") + "' }}"
+    monkeypatch.setitem(
+        smollm2.llama.metadata, "tokenizer.chat_template", template + "{% endfor %}"
+    )
+    assert smollm2.stop_token_ids == stops
+
+
 def test_smollm2_incremental_detokenization_prints_whole_characters(smollm2):
     ids = smollm2.tokenize(TEXT, add_bos=False)
     singles = [smollm2.detokenize([t]) for t in ids]
@@ -322,11 +368,17 @@ def test_smollm2_chat_stops_at_end_of_turn(smollm2, backend):
     text = stream.read()
     assert text and "<|im_end|>" not in text
     assert stream.stopped == (len(stream.ids) < 60)
-    assert stream.ids == smollm2.tokenize(text, add_bos=False) or stream.stopped
+    # The reply is plain greedy decoding's, up to its first stop token (excluded).
+    prompt = smollm2.encode_chat([{"role": "user", "content": "Say hello."}])
+    plain, _ = specdec.sample(smollm2, prompt, 60, 2, temperature=0.0, backend=backend)
+    new = plain[len(prompt) :]
+    assert stream.ids == (new[: new.index(2)] if 2 in new else new)
+    assert 2 not in stream.ids and text == smollm2.detokenize(stream.ids)
 
 
 def test_transformers_tokenizer_template(backend):
-    _require("torch")
+    # Seeded: an untrained model's weights otherwise depend on the tests run before.
+    _require("torch").manual_seed(0)
     transformers = _require("transformers")
     tokenizers = _require("tokenizers")
     alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
@@ -347,6 +399,14 @@ def test_transformers_tokenizer_template(backend):
     assert adapter.apply_chat_template(chat) == render_chat_template(CHATML, chat)
     ids = adapter.encode_chat(chat)
     assert ids[0] == 256 and ids.count(257) == 1
+    assert adapter.stop_token_ids == [257]
+    # The end of turn is a special or added token, never the newline written before it.
+    tokenizer.add_tokens(["<|EOT|>"])  # added, not flagged special
+    eot = tokenizer.convert_tokens_to_ids("<|EOT|>")
+    turn_end = "'<|im_end|>' + '\n'"
+    tokenizer.chat_template = CHATML.replace(turn_end, "'\n<|EOT|>\n'")
+    assert adapter.stop_token_ids == [eot, 257]
+    tokenizer.chat_template = CHATML.replace(turn_end, "'\nEnd.\n'")
     assert adapter.stop_token_ids == [257]
     text = SpeculativeDecoder(temperature=0.0, backend=backend).chat(
         adapter, chat, draft=PromptLookup(), max_new_tokens=12

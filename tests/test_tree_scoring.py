@@ -156,6 +156,42 @@ def test_llama_tree_wider_than_tree_width_is_scored_by_branches(smol_pair):
         np.testing.assert_allclose(rows[i + 1], fresh, atol=LLAMA_TOL, rtol=0)
 
 
+class _DecodeInterrupted:
+    """``llama_cpp`` with Ctrl-C landing as ``llama_decode`` returns (cached, not recorded)."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def llama_decode(self, ctx, batch):
+        self._lib.llama_decode(ctx, batch)
+        raise KeyboardInterrupt
+
+
+def test_llama_ctrl_c_inside_a_tree_pass_then_continuing_the_text(smol_pair):
+    target, judge = smol_pair
+    if not hasattr(target, "forward_tree"):
+        pytest.skip("branch scoring goes through forward (tests/test_streaming.py)")
+    prefix = target.tokenize("Once upon a time, in a small village")
+    target.reset()
+    target.forward(np.array([prefix[:-2]]))  # a warm cache: the pass evaluates two of them
+    lib = target._llama_cpp
+    target._llama_cpp = _DecodeInterrupted(lib)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            score_tree(target, prefix, np.array([12, 40, 7]), np.array([-1, -1, 0]))
+    finally:
+        target._llama_cpp = lib
+    # Continuing from what the adapter records used to fail: "llama_decode returned -1".
+    kept = prefix + [12, 7, 5]
+    after = target.forward(np.array([kept]), logits_to_keep=4)[0]
+    judge.reset()
+    fresh = judge.forward(np.array([kept]), logits_to_keep=4)[0]
+    np.testing.assert_allclose(after, fresh, atol=LLAMA_TOL, rtol=0)
+
+
 # -- a real adapter: a tiny Llama through transformers (skipped where absent) ------------
 
 REQUIRE_MODELS = __import__("os").environ.get("SPECDEC_REQUIRE_MODELS") == "1"

@@ -331,8 +331,17 @@ class SpeculativeDecoder:
 
         Examples
         --------
+        Text as it comes: :class:`specdec.TextStream` decodes the passes incrementally
+        (decoding each array alone would split a character whose bytes span two passes).
+
+        >>> tokens = decoder.stream(draft, target, prompt, 64)  # doctest: +SKIP
+        >>> for piece in specdec.TextStream(tokens, target.detokenize):  # doctest: +SKIP
+        ...     print(piece, end="", flush=True)
+
+        The tokens themselves, one array per target pass:
+
         >>> for new in decoder.stream(draft, target, prompt, 64):  # doctest: +SKIP
-        ...     print(tokenizer.decode(new), end="", flush=True)
+        ...     print(new.tolist())
         """
         passes = self._passes(
             draft_model, target_model, prompt_ids, max_new_tokens, eos_token_id, rng

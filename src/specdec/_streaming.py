@@ -6,10 +6,11 @@ feeding a Hugging Face-style streamer if one is given (``generate``, ``sample``)
 :class:`TokenStream` hands the passes to the caller (``SpeculativeDecoder.stream``).
 Either way the loop exists once.
 
-Stopping early is safe: the loop keeps nothing between calls but the random
-generator, and the model adapters' prefix caches keep only the longest common prefix
-with the next call's sequence, so a fresh call after a ``break``, an exception in a
-streamer or Ctrl-C decodes exactly as it would have on a clean decoder.
+Stopping early is safe: the model adapters' prefix caches keep only the longest common
+prefix with the next call's sequence, so after a ``break``, an exception in a streamer
+or Ctrl-C a *new* decoder on the same models decodes exactly as on fresh ones.  The
+interrupted decoder goes on working, but it is not a clean one: it keeps its draft-length
+policy's estimates and (created with ``seed=``) its random generator, which has moved on.
 """
 
 from __future__ import annotations
@@ -237,6 +238,10 @@ class TextStream:
         The new tokens so far, without the stop token.
     stopped : bool
         Whether the text ended at a stop token (rather than at the length limit).
+    stats : SpeculativeDecodingStats
+        The run's statistics: they count every token the loop made final, the stop
+        token included (it took a pass), and the rest of its pass if it was not the
+        loop's own end-of-sequence id.
     """
 
     def __init__(self, tokens: TokenStream, detokenize, stop_ids=()):

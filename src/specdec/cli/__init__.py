@@ -18,7 +18,8 @@
 
 All take ``--json`` for a machine-readable report on stdout.  Errors are one
 line on stderr (``specdec: error: ...``): exit status 2 for bad options, 1 for
-failures, 130 for Ctrl-C.
+failures, 130 for Ctrl-C; a reader that leaves (``| head``) ends the command
+quietly, with status 1.
 
 One module per subcommand (:mod:`.demo`, :mod:`.generate`, :mod:`.bench`), the terminal output
 in :mod:`.output`, the option types and bounds in :mod:`.options`, the timing
@@ -29,6 +30,7 @@ models they use beside them.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import specdec
@@ -121,8 +123,8 @@ def main(argv=None) -> int:
     Returns
     -------
     int
-        Exit status: 0 on success, 1 on a reported failure, 2 for bad
-        options, 130 when interrupted.
+        Exit status: 0 on success, 1 on a reported failure or a closed
+        stdout (quietly), 2 for bad options, 130 when interrupted.
     """
     _tolerant_streams()
     parser = build_parser()
@@ -143,6 +145,21 @@ def main(argv=None) -> int:
     except MemoryError:
         stderr_line(f"{PROG}: error: out of memory (try fewer tokens or a smaller vocabulary)")
         return 1
+    except BrokenPipeError:
+        # The reader left (``| head``): nothing to report.  As the signal module's docs
+        # advise, stdout goes to devnull so that the flush at exit does not fail again,
+        # and the status is 1, as for Python's own EPIPE.
+        _silence_stdout()
+        return 1
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass  # not a real file (a test's capture): nothing will flush to a pipe
 
 
 if __name__ == "__main__":  # pragma: no cover

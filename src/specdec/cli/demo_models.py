@@ -15,7 +15,7 @@ from pathlib import Path
 
 from specdec._calling import accepts_logits_to_keep
 from specdec.cli.options import CLIError
-from specdec.cli.output import stderr_line
+from specdec.cli.output import one_line, stderr_line
 from specdec.toymodels import byte_corpus
 
 __all__ = ["Models", "InstrumentedModel", "load_ngram_models", "load_llama_models"]
@@ -53,6 +53,11 @@ class InstrumentedModel:
         # rows exactly when the decoder would have.
         self._keeps_rows = accepts_logits_to_keep(model.forward)
 
+    @property
+    def cost_curve(self):
+        """The wrapped model's cost curve (None without one), read when a policy asks."""
+        return getattr(self.model, "cost_curve", None)
+
     def forward(self, ids, logits_to_keep=None):
         """Forward to the wrapped model, simulating its latency and calling the hook."""
         if self.on_call is not None:
@@ -78,6 +83,8 @@ class Models:
     eos_token_id: int | None = None
     default_latency_ms: float = 0.0
     info: dict = field(default_factory=dict)
+    #: Where the demo's text ends (the chat template's end of turn first, then EOS).
+    stop_token_ids: list = field(default_factory=list)
 
 
 def _announcer(quiet: bool, message: str):
@@ -143,7 +150,7 @@ def _load_gguf(models, path: Path, n_ctx: int):
     try:
         return models.LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads)
     except (ValueError, OSError, RuntimeError, MemoryError) as error:
-        raise CLIError(f"cannot load {path}: {error}") from None
+        raise CLIError(f"cannot load {path}: {one_line(error)}") from None
 
 
 def _token_ngram_draft(target, quiet: bool):
@@ -225,13 +232,16 @@ def load_llama_models(target_spec: str, draft_spec: str, quiet: bool, n_ctx: int
         info["draft_path"] = str(draft_path)
     info["load_time"] = time.perf_counter() - start
     encode = lambda text: target.tokenize(text, add_bos=True)  # noqa: E731
-    template = target.llama.metadata.get("tokenizer.chat_template", "")
-    if "<|im_start|>" in template:  # a ChatML instruct model (SmolLM2-Instruct): one user turn
-        info["chat_template"] = "ChatML"
+    stops = [target.eos_token_id]
+    if target.chat_template is not None:  # an instruct model: the prompt is one user turn
+        info["chat_template"] = "the model's own (tokenizer.chat_template)"
+        stops = target.stop_token_ids
 
         def encode(text):
-            turn = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-            return target.tokenize(turn, add_bos=False, special=True)
+            try:
+                return target.encode_chat([{"role": "user", "content": text}])
+            except (ValueError, ImportError) as error:  # a template that fails, no jinja2
+                raise CLIError(str(error)) from None
 
     return Models(
         draft,
@@ -241,4 +251,5 @@ def load_llama_models(target_spec: str, draft_spec: str, quiet: bool, n_ctx: int
         f"target {path.name} (llama.cpp), draft {draft_description}",
         eos_token_id=target.eos_token_id,
         info=info,
+        stop_token_ids=stops,
     )

@@ -4,8 +4,10 @@ One run: the prompt (``--prompt`` or stdin, through the model's chat template wi
 ``--chat``), the reply streamed to stdout pass by pass, then one line on stderr
 with tokens per second, tokens per target pass and the drafts kept.  ``--compare``
 also runs plain sampling on the same target and prints the speedup; ``--json``
-prints a report instead of the text.  Progress (model loading, warm-up) goes to
-stderr, so stdout holds only the text.
+prints a report instead of the text.  Progress (model loading, warm-up, the one
+measurement of the target's cost curve, all before any timing) goes to stderr, so
+stdout holds only the text.  Both runs end at the first stop id; their counts include
+the stop token, the text does not.
 """
 
 from __future__ import annotations
@@ -17,12 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import specdec
-from specdec._streaming import TextStream
 from specdec.cli import demo, demo_models
 from specdec.cli.options import MAX_GAMMA, MAX_SEED, MAX_TOKENS, CLIError, UsageError, number
-from specdec.cli.output import print_json, printable, stderr_line
+from specdec.cli.output import one_line, print_json, printable, stderr_line
 from specdec.drafters import Drafter, PromptLookup, SuffixDrafter
-from specdec.models._text import IncrementalDetokenizer
 
 __all__ = ["configure", "run_generate", "DRAFTS"]
 
@@ -174,8 +174,10 @@ class _Loaded:
     description: str
 
 
-def _load_transformers(path: str):
-    torch_hint = f"--model {path} needs transformers and torch; install them with: "
+def _load_transformers(path: str, option: str = "--model"):
+    if not (Path(path) / "config.json").is_file():  # else a page about tokenizer formats
+        raise CLIError(f"{option} {path}: no config.json there, so no Hugging Face model")
+    torch_hint = f"{option} {path} needs transformers and torch; install them with: "
     try:
         import transformers
     except ImportError:
@@ -187,7 +189,7 @@ def _load_transformers(path: str):
         model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
         return TransformersModel(model, tokenizer=tokenizer)
     except (OSError, ValueError, ImportError) as error:
-        raise CLIError(f"cannot load {path}: {error}") from None
+        raise CLIError(f"cannot load {path}: {one_line(error)}") from None
 
 
 def _load(args) -> _Loaded:
@@ -212,7 +214,7 @@ def _load(args) -> _Loaded:
         target = _load_transformers(args.model)
         eos, detokenize = target.eos_token_id, target.detokenize
         encode = target.tokenize
-        draft = None if named else _load_transformers(args.draft)
+        draft = None if named else _load_transformers(args.draft, "--draft")
         description = f"{args.model} (transformers)"
     if args.draft == "lookup":
         draft = PromptLookup()
@@ -238,40 +240,37 @@ def _write(piece: str) -> None:
     sys.stdout.flush()
 
 
+def _gamma(args, loaded) -> int:
+    """Draft tokens per pass, the most with a drafter: as given, else the default; 0 for none."""
+    if loaded.draft is None:
+        return 0
+    if args.gamma is not None:
+        return args.gamma
+    drafter = isinstance(loaded.draft, Drafter)
+    return demo.DEFAULT_DRAFTER_GAMMA if drafter else demo.DEFAULT_GAMMA
+
+
 def _run_once(args, loaded, prompt, stops, controls, show):
-    """One generation; returns (new ids, stats, seconds), printing the text if ``show``."""
+    """One generation; returns (new ids, stats, seconds), printing the text if ``show``.
+
+    Both paths, plain and speculative, go through a :class:`TextStream`, which ends the
+    text at the first of the stop ids (the loops themselves take one).
+    """
     backend = args.backend or specdec.BACKEND
     eos = stops[0] if stops else None
     if hasattr(loaded.target, "reset"):
         loaded.target.reset()  # every run pays for its prompt
     start = time.perf_counter()
     if loaded.draft is None:
-        streamer = IncrementalDetokenizer(
-            loaded.detokenize, on_text=_write if show else None, stop_ids=stops
+        tokens = demo.plain_stream(
+            loaded.target, prompt, args.max_tokens, eos, controls, args.seed, backend
         )
-        ids, stats = specdec.sample(
-            loaded.target,
-            prompt,
-            args.max_tokens,
-            eos,
-            seed=args.seed,
-            backend=backend,
-            streamer=streamer,
-            **controls,
-        )
-        new = [t for t in ids[len(prompt) :] if t not in stops]
     else:
-        gamma = args.gamma
-        if gamma is None:
-            drafter = isinstance(loaded.draft, Drafter)
-            gamma = demo.DEFAULT_DRAFTER_GAMMA if drafter else demo.DEFAULT_GAMMA
-        decoder = specdec.SpeculativeDecoder(gamma, seed=args.seed, backend=backend, **controls)
+        decoder = specdec.SpeculativeDecoder(
+            _gamma(args, loaded), seed=args.seed, backend=backend, **controls
+        )
         tokens = decoder.stream(loaded.draft, loaded.target, prompt, args.max_tokens, eos)
-        text = TextStream(tokens, loaded.detokenize, stops)
-        for piece in text:
-            if show:
-                _write(piece)
-        new, stats = text.ids, text.stats
+    new, stats = demo.text_of(tokens, loaded.detokenize, stops, _write if show else None)
     return new, stats, time.perf_counter() - start
 
 
@@ -295,6 +294,23 @@ def _summary(stats, seconds: float) -> str:
     return line
 
 
+def _read_stdin() -> str:
+    """The prompt piped on stdin; a usage error unless it is UTF-8 (the tokenizers need it)."""
+    try:
+        text = sys.stdin.read()
+        text.encode("utf-8")
+    except UnicodeDecodeError as error:  # a strict stdin (PYTHONIOENCODING=utf-8:strict)
+        byte = error.object[error.start]
+        raise UsageError(f"the prompt on stdin is not UTF-8 text (byte 0x{byte:02x})") from None
+    except UnicodeEncodeError as error:  # the usual: undecodable bytes kept as surrogates
+        byte = ord(error.object[error.start]) - 0xDC00
+        where = f"byte 0x{byte:02x} after character {error.start}"
+        if not 0x80 <= byte <= 0xFF:
+            where = f"character {error.start}"
+        raise UsageError(f"the prompt on stdin is not UTF-8 text ({where})") from None
+    return text
+
+
 def run_generate(args) -> int:
     """Run ``specdec generate`` (see :func:`configure` for the options).
 
@@ -308,7 +324,7 @@ def run_generate(args) -> int:
         Exit status.
     """
     if args.prompt is None:
-        args.prompt = sys.stdin.read()
+        args.prompt = _read_stdin()
         _validate(args)  # the context it needs
     if not args.prompt:
         raise UsageError("the prompt is empty: the first token needs a prompt to follow")
@@ -320,6 +336,10 @@ def run_generate(args) -> int:
     try:
         stderr_line("warming up (the first calls page the weights in)...")
         specdec.sample(loaded.target, prompt, 1, temperature=0.0, backend=args.backend)
+        if loaded.draft is not None and not isinstance(loaded.draft, Drafter):
+            specdec.sample(loaded.draft, prompt, 1, temperature=0.0, backend=args.backend)
+        if loaded.draft is not None:  # only a speculative run reads the cost curve
+            demo.calibrate(loaded.target, quiet=False)
         show = not args.json
         try:
             new, stats, seconds = _run_once(args, loaded, prompt, stops, controls, show)
@@ -346,7 +366,11 @@ def run_generate(args) -> int:
             "description": loaded.description,
             "draft": args.draft,
             "chat": args.chat,
-            "settings": {"max_tokens": args.max_tokens, "gamma": args.gamma, "seed": args.seed}
+            "settings": {
+                "max_tokens": args.max_tokens,
+                "gamma": _gamma(args, loaded),  # the effective value, also when not given
+                "seed": args.seed,
+            }
             | controls,
             "prompt_tokens": len(prompt),
             "text": loaded.detokenize(new),

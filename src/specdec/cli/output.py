@@ -6,13 +6,46 @@ import json
 import sys
 import time
 
-__all__ = ["stderr_line", "Progress", "printable", "bar_chart", "row", "print_json", "table"]
+__all__ = [
+    "stderr_line",
+    "one_line",
+    "Progress",
+    "printable",
+    "bar_chart",
+    "row",
+    "print_json",
+    "table",
+]
 
 
 def stderr_line(text: str) -> None:
     """Write one line on stderr, flushed at once (progress may follow)."""
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
+
+
+def one_line(error, limit: int = 240) -> str:
+    """An error's message as one line: its lines joined, cut after ``limit`` characters.
+
+    A loader's message may run to pages (transformers lists the tokenizer formats it
+    tried); the CLI reports failures as one line.
+
+    Parameters
+    ----------
+    error : BaseException or str
+    limit : int, optional
+        Most characters kept (the cut ends with "...").
+
+    Returns
+    -------
+    str
+    """
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    if not text:
+        return type(error).__name__
+    if len(text) > limit:
+        text = text[:limit].rsplit(" ", 1)[0] + " ..."
+    return text
 
 
 class Progress:

@@ -132,6 +132,13 @@ class PrefixCachedModel(abc.ABC):
             self._cost_curve = _calibration.measure_cost_curve(self, self._max_length())
         return self._cost_curve
 
+    def _cost_curve_pending(self) -> bool:
+        """Whether reading :attr:`cost_curve` would run the calibration now."""
+        if self._cost_curve is not None:
+            return False
+        key = self._calibration_key()
+        return key is None or key not in _calibration._MEASURED
+
     @property
     def speculation_cost(self) -> tuple:
         """``(overhead, per_token)``, see the class docstring; never starts a calibration."""

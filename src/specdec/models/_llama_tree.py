@@ -139,24 +139,30 @@ class LlamaCppTreeModel(LlamaCppModel):
                 batch.seq_id[i][k] = seq
             batch.logits[i] = 1 if wanted else 0
         batch.n_tokens = total
-        code = lib.llama_decode(ctx, batch)
-        if code != 0:
-            raise RuntimeError(f"llama_decode returned {code} for a tree of {n} nodes")
-        first_row = length - 1 - start
-        rows = np.empty((n + 1, self.vocab_size), dtype=np.float32)
-        for r in range(n + 1):
-            pointer = lib.llama_get_logits_ith(ctx, first_row + r)
-            rows[r] = np.ctypeslib.as_array(pointer, shape=(self.vocab_size,))
-        lib.llama_memory_seq_keep(mem, 0)
-        # The Llama object's record: the prefix, then the kept branch (see LlamaCppModel).
-        llama = self.llama
-        kept = paths[first]
-        llama.input_ids[start:length] = prefix[start:]
-        llama.input_ids[length : length + len(kept)] = tokens[kept]
-        llama.scores[start : length - 1, 0] = np.nan
-        llama.scores[length - 1] = rows[0]
-        llama.scores[length : length + len(kept)] = rows[np.asarray(kept) + 1]
-        llama.n_tokens = length + len(kept)
+        try:
+            code = lib.llama_decode(ctx, batch)
+            if code != 0:
+                raise RuntimeError(f"llama_decode returned {code} for a tree of {n} nodes")
+            first_row = length - 1 - start
+            rows = np.empty((n + 1, self.vocab_size), dtype=np.float32)
+            for r in range(n + 1):
+                pointer = lib.llama_get_logits_ith(ctx, first_row + r)
+                rows[r] = np.ctypeslib.as_array(pointer, shape=(self.vocab_size,))
+            lib.llama_memory_seq_keep(mem, 0)
+            # The Llama object's record: the prefix, then the kept branch (see LlamaCppModel).
+            llama = self.llama
+            kept = paths[first]
+            llama.input_ids[start:length] = prefix[start:]
+            llama.input_ids[length : length + len(kept)] = tokens[kept]
+            llama.scores[start : length - 1, 0] = np.nan
+            llama.scores[length - 1] = rows[0]
+            llama.scores[length : length + len(kept)] = rows[np.asarray(kept) + 1]
+            llama.n_tokens = length + len(kept)
+        except BaseException:
+            # Ctrl-C lands as llama_decode returns, before the record: drop the entries
+            # the record does not hold (see LlamaCppModel._evaluate).
+            self._drop_unrecorded()
+            raise
         self.n_forward_calls += 1
         self.n_evaluated_tokens += total
         return rows

@@ -111,13 +111,17 @@ def render_chat_template(
 
 
 def end_of_turn_id(
-    render: Callable[..., str], tokenize: Callable[[str], list], special_ids=()
+    render: Callable[..., str], tokenize: Callable[[str], list], special_ids=(), is_special=None
 ) -> int | None:
-    """The token that ends an assistant turn in a chat template, or None.
+    r"""The token that ends an assistant turn in a chat template, or None.
 
     Renders a chat whose assistant turn holds a sentinel and tokenizes what the
-    template writes right after it: the first token there closes the turn, if it is
-    one of ``special_ids`` (when given) or at least is not plain whitespace.
+    template writes right after it, whitespace skipped (a template may write
+    ``content + '\n<|eot|>\n'``, and a newline ends no turn).  When the tokenizer's
+    special tokens are known (``special_ids`` or ``is_special``), the first special
+    token there closes the turn, and a template that writes none there has no end of
+    turn (a plain-text token would stop the reply wherever that text appears);
+    otherwise the first token does.
 
     Parameters
     ----------
@@ -127,6 +131,9 @@ def end_of_turn_id(
         ``tokenize(text) -> list of int``, parsing special tokens, adding none.
     special_ids : collection of int, optional
         Ids known to be special (control) tokens.
+    is_special : callable, optional
+        ``is_special(id) -> bool``, for a tokenizer that says it token by token
+        (llama.cpp's token attributes) rather than as a set.
 
     Returns
     -------
@@ -140,16 +147,18 @@ def end_of_turn_id(
     cut = text.rfind(_SENTINEL)
     if cut < 0:
         return None
-    after = text[cut + len(_SENTINEL) :].lstrip(" ")
-    if not after.strip():
+    after = text[cut + len(_SENTINEL) :].lstrip()
+    if not after:
         return None
-    ids = tokenize(after)
+    ids = [int(t) for t in tokenize(after)]
     if not ids:
         return None
-    first = int(ids[0])
-    if special_ids:
-        return first if first in special_ids else None
-    return first
+    if is_special is None and special_ids:
+        special = frozenset(int(t) for t in special_ids)
+        is_special = special.__contains__
+    if is_special is None:
+        return ids[0]
+    return next((t for t in ids if is_special(t)), None)
 
 
 class IncrementalDetokenizer:

@@ -358,6 +358,13 @@ class LlamaCppModel(PrefixCachedModel):
         llama.reset()
         self._remove_from_cache(0)
 
+    def _drop_unrecorded(self) -> None:
+        """Remove cache entries past the record (``n_tokens``), or empty the cache."""
+        llama = self.llama
+        if not self._remove_from_cache(int(llama.n_tokens)):
+            llama.reset()
+            self._remove_from_cache(0)
+
     # -- public API --------------------------------------------------------
 
     def _evaluate(self, seq: np.ndarray, start: int, n_rows: int) -> np.ndarray:
@@ -375,12 +382,19 @@ class LlamaCppModel(PrefixCachedModel):
                 end = min(length, begin + self._batch.capacity)
                 # Ask llama.cpp for the wanted rows only (at least one per batch).
                 first_output = min(max(first_row, begin), end - 1)
-                self._batch.decode(
-                    ctx, tokens[begin - start : end - start], begin, first_output - begin
-                )
-                # Keep the Llama object's record of its cache right (see Notes).
-                llama.input_ids[begin:end] = tokens[begin - start : end - start]
-                llama.n_tokens = end
+                try:
+                    self._batch.decode(
+                        ctx, tokens[begin - start : end - start], begin, first_output - begin
+                    )
+                    # Keep the Llama object's record of its cache right (see Notes).
+                    llama.input_ids[begin:end] = tokens[begin - start : end - start]
+                    llama.n_tokens = end
+                except BaseException:
+                    # Ctrl-C lands as llama_decode returns, before the record: the
+                    # cache then holds positions the record does not, which the next
+                    # call continuing from the record could not decode over.
+                    self._drop_unrecorded()
+                    raise
                 out = self._batch.logits(ctx, end - first_output, self.vocab_size)
                 if end > first_row:
                     rows[max(first_row, first_output) - first_row : end - first_row] = out[
@@ -452,6 +466,16 @@ class LlamaCppModel(PrefixCachedModel):
             return ""
         return self.llama.detokenize([token], special=True).decode("utf-8", errors="replace")
 
+    def _is_special(self, token: int) -> bool:
+        """Whether the vocabulary marks ``token`` as a control or end-of-generation token."""
+        lib = self._llama_cpp
+        vocab = self.llama.model
+        if hasattr(lib, "llama_model_get_vocab"):  # llama.cpp's vocabulary API (2025 on)
+            vocab = lib.llama_model_get_vocab(self.llama.model)
+        is_control = getattr(lib, "llama_vocab_is_control", None) or lib.llama_token_is_control
+        is_eog = getattr(lib, "llama_vocab_is_eog", None) or lib.llama_token_is_eog
+        return bool(is_control(vocab, token) or is_eog(vocab, token))
+
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
         """The chat as text, formatted with the GGUF's own template.
 
@@ -494,6 +518,7 @@ class LlamaCppModel(PrefixCachedModel):
             eot = end_of_turn_id(
                 self.apply_chat_template,
                 lambda text: self.tokenize(text, add_bos=False, special=True),
+                is_special=self._is_special,
             )
         return list(dict.fromkeys(t for t in (eot, self.eos_token_id) if t is not None))
 

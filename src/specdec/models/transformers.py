@@ -440,13 +440,23 @@ class TransformersModel(PrefixCachedModel):
         # The template writes the special tokens itself: the tokenizer adds none.
         return self.tokenize(self.apply_chat_template(messages), add_bos=False)
 
+    def _special_ids(self) -> set:
+        """The tokenizer's special tokens and its added tokens (never split in text)."""
+        tokenizer = self.tokenizer
+        ids = {int(t) for t in getattr(tokenizer, "all_special_ids", ())}
+        # Chat markers are often added tokens, not all of them flagged special.
+        ids.update(int(t) for t in getattr(tokenizer, "added_tokens_decoder", {}))
+        return ids
+
     @property
     def stop_token_ids(self) -> list[int]:
         """Tokens that end a reply: the template's end of turn (if any), then end of sequence."""
         eot = None
         if self.chat_template is not None:
             eot = end_of_turn_id(
-                self.apply_chat_template, lambda text: self.tokenize(text, add_bos=False)
+                self.apply_chat_template,
+                lambda text: self.tokenize(text, add_bos=False),
+                special_ids=self._special_ids(),
             )
         eos = self.eos_token_id
         return list(dict.fromkeys(t for t in (eot, eos) if t is not None))
