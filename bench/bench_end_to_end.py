@@ -105,7 +105,14 @@ from e2e_report import markdown  # noqa: E402
 
 import specdec  # noqa: E402
 from specdec import models  # noqa: E402
-from specdec.drafters import Chain, HeuristicDraftLength, NGram, PromptLookup  # noqa: E402
+from specdec.drafters import (  # noqa: E402
+    Chain,
+    HeuristicDraftLength,
+    NGram,
+    PromptLookup,
+    SuffixDrafter,
+)
+from specdec.models import LlamaCppTreeModel  # noqa: E402
 
 #: The chat template's end-of-turn token, SmolLM2's EOS (``<|im_end|>``).
 EOS = 2
@@ -118,6 +125,8 @@ PEER_LOOKUP_TOKENS = 10
 LLAMA_KINDS = (
     "sample",
     "lookup",
+    "lookup-tree",
+    "suffix",
     "ngram",
     "chain",
     "lookup-heuristic",
@@ -127,10 +136,23 @@ LLAMA_KINDS = (
     "lcpp",
     "lcpp-lookup",
 )
-TRANSFORMERS_KINDS = ("sample", "lookup", "ngram", "chain", "lookup-heuristic", "hf", "hf-lookup")
+TRANSFORMERS_KINDS = (
+    "sample",
+    "lookup",
+    "lookup-tree",
+    "suffix",
+    "ngram",
+    "chain",
+    "lookup-heuristic",
+    "hf",
+    "hf-lookup",
+)
 #: The transformers kinds run by default (a transformers pass costs several llama.cpp
 #: ones here; the drafter and policy variants are compared on llama.cpp).
-TRANSFORMERS_DEFAULT = ("sample", "lookup", "chain", "hf", "hf-lookup")
+TRANSFORMERS_DEFAULT = ("sample", "lookup", "lookup-tree", "hf", "hf-lookup")
+#: Kinds whose target scores trees of drafts in one pass (LlamaCppTreeModel; the
+#: transformers adapter with its tree_width); every other kind verifies chains.
+TREE_KINDS = ("lookup-tree",)
 #: Kinds run only greedily by default: they exist to measure greedy identity.
 GREEDY_ONLY = ("sample-min2", "lookup-min2")
 
@@ -153,7 +175,8 @@ class Config:
         default_factory=lambda: _env_list("SPECDEC_E2E_BACKENDS", "llama,transformers")
     )
     kinds: list = field(default_factory=lambda: _env_list("SPECDEC_E2E_KINDS", ""))
-    gamma: int = field(default_factory=lambda: int(os.environ.get("SPECDEC_E2E_GAMMA", 10)))
+    #: Most drafted tokens per step; 0: the decoder's default (a drafter's own num_tokens).
+    gamma: int = field(default_factory=lambda: int(os.environ.get("SPECDEC_E2E_GAMMA", 0)))
     threads: int = field(default_factory=lambda: int(os.environ.get("SPECDEC_E2E_THREADS", 1)))
     batch_threads: int = field(
         default_factory=lambda: int(os.environ.get("SPECDEC_E2E_BATCH_THREADS", 0))
@@ -322,6 +345,15 @@ class Bench:
             )
             self.llama = self.target.llama
             self.target_min2 = models.LlamaCppModel(self.llama, min_eval_tokens=2)
+            # A tree pass needs a context with several sequences: its own Llama (the
+            # weights are shared by the mmap), the same settings.
+            self.tree_target = LlamaCppTreeModel(
+                path,
+                n_ctx=2048,
+                n_threads=config.threads,
+                n_threads_batch=config.batch_threads or None,
+                seed=0,
+            )
             self._tokenize = lambda text, special: list(
                 self.llama.tokenize(text.encode(), add_bos=False, special=special)
             )
@@ -356,8 +388,10 @@ class Bench:
         return copy.deepcopy(self._ngram)
 
     def drafter(self, kind: str):
-        if kind in ("lookup", "lookup-heuristic", "lookup-fixed", "lookup-min2"):
+        if kind in ("lookup", "lookup-tree", "lookup-heuristic", "lookup-fixed", "lookup-min2"):
             return PromptLookup()
+        if kind == "suffix":
+            return SuffixDrafter()
         if kind == "ngram":
             return self.trained_ngram()
         if kind == "chain":
@@ -370,18 +404,17 @@ class Bench:
             length = HeuristicDraftLength()
         elif kind == "lookup-fixed":
             length = "fixed"
-        return specdec.SpeculativeDecoder(
-            gamma=self.config.gamma, temperature=temperature, draft_length=length
-        )
+        gamma = {"gamma": self.config.gamma} if self.config.gamma else {}
+        return specdec.SpeculativeDecoder(temperature=temperature, draft_length=length, **gamma)
 
     # -- prefill ----------------------------------------------------------------------------
 
-    def _prefill_llama(self, prompt: list[int]) -> None:
+    def _prefill_llama(self, prompt: list[int], target=None) -> None:
         # The cache ends up holding prompt[:-1] (evaluated in a batch the first time,
         # otherwise rolled back to): every method evaluates the last prompt token itself.
         # llama-cpp-python samples from the context's last evaluation, so it must not
         # find the whole prompt cached without a fresh evaluation.
-        self.target.forward(np.asarray([prompt[:-1]]), logits_to_keep=1)
+        (target or self.target).forward(np.asarray([prompt[:-1]]), logits_to_keep=1)
 
     # -- runs -------------------------------------------------------------------------------
 
@@ -408,12 +441,16 @@ class Bench:
             body, finish = self._lcpp(record, prompt, n, temperature, seed)
         elif backend == "llama":
             target = self.target_min2 if kind.endswith("-min2") else self.target
-            self._prefill_llama(prompt)
+            if kind in TREE_KINDS:
+                target = self.tree_target
+            self._prefill_llama(prompt, target)
             body, finish = self._specdec(record, target, prompt, n, temperature, seed)
         elif kind in ("hf", "hf-lookup"):
             body, finish = self._hf(record, prompt, n, temperature, seed)
         else:
             self.hf_target.reset()  # as for model.generate: the prompt pass is timed
+            # The adapter scores trees (tree_width 4); chains only unless a tree kind.
+            self.hf_target.tree_width = 4 if kind in TREE_KINDS else 1
             body, finish = self._specdec(record, self.hf_target, prompt, n, temperature, seed)
 
         def go():

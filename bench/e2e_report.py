@@ -18,6 +18,8 @@ __all__ = ["KIND_LABELS", "cells", "identity", "markdown", "summary"]
 KIND_LABELS = {
     "sample": "specdec.sample (baseline)",
     "lookup": "specdec + PromptLookup",
+    "lookup-tree": "specdec + PromptLookup, trees of candidates",
+    "suffix": "specdec + SuffixDrafter",
     "ngram": "specdec + NGram",
     "chain": "specdec + Chain(PromptLookup, NGram)",
     "lookup-heuristic": "specdec + PromptLookup, HF heuristic length",

@@ -22,7 +22,7 @@ The kernels come from the compiled core (``BACKEND == "cython"``) unless
 """
 
 from specdec._backend import BACKEND, available_backends
-from specdec._decoder import SpeculativeDecoder, sample
+from specdec._decoder import SpeculativeDecoder, sample, sample_stream
 from specdec._stats import SpeculativeDecodingStats
 from specdec._streaming import TextStream, TokenStream
 from specdec._tree import verify_tree
@@ -40,6 +40,7 @@ __all__ = [
     "__version__",
     "available_backends",
     "sample",
+    "sample_stream",
     "verify",
     "verify_batch",
     "verify_tree",

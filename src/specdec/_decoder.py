@@ -503,6 +503,45 @@ def sample(
     return consume(next(passes), passes, streamer)
 
 
+def sample_stream(
+    target_model,
+    prompt_ids,
+    max_new_tokens: int = 50,
+    eos_token_id=None,
+    *,
+    temperature: float = 1.0,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    seed=None,
+    rng=None,
+    backend=None,
+) -> TokenStream:
+    """Plain sampling's tokens as they are made: one 1-D array per target pass.
+
+    Takes the arguments of :func:`sample`, checked at once; the stream, concatenated,
+    is ``sample``'s new tokens for the same seed (:meth:`SpeculativeDecoder.stream`'s
+    counterpart, for the baseline).
+
+    Returns
+    -------
+    specdec.TokenStream
+        Iterates over 1-D int64 arrays of one token each; ``stats`` as for
+        :meth:`SpeculativeDecoder.stream`.
+    """
+    passes = _sampling_passes(
+        target_model,
+        prompt_ids,
+        max_new_tokens,
+        eos_token_id,
+        (temperature, top_k, top_p, min_p),
+        seed,
+        rng,
+        backend,
+    )
+    return TokenStream(next(passes), passes)
+
+
 def _sampling_passes(
     target_model, prompt_ids, max_new_tokens, eos_token_id, controls, seed, rng, backend
 ):

@@ -14,8 +14,7 @@ import sys
 import time
 
 import specdec
-from specdec._decoder import _sampling_passes
-from specdec._streaming import TextStream, TokenStream
+from specdec import TextStream
 from specdec.cli import demo_models
 from specdec.cli.options import (
     MAX_GAMMA,
@@ -299,9 +298,9 @@ def plain_stream(target, prompt, max_tokens: int, eos, controls: dict, seed, bac
     -------
     specdec.TokenStream
     """
-    controls = tuple(controls[k] for k in ("temperature", "top_k", "top_p", "min_p"))
-    passes = _sampling_passes(target, prompt, max_tokens, eos, controls, seed, None, backend)
-    return TokenStream(next(passes), passes)
+    return specdec.sample_stream(
+        target, prompt, max_tokens, eos, **controls, seed=seed, backend=backend
+    )
 
 
 def text_of(tokens, detokenize, stops, write=None):

