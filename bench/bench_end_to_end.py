@@ -12,6 +12,10 @@ copy the prompt, and an open-ended set), greedily and at temperature 0.7, throug
   by ``transformers`` on the CPU, against Hugging Face's ``model.generate`` with and
   without ``prompt_lookup_num_tokens``.
 
+Why one file past 500 lines: it is one benchmark (its configuration, the three
+systems' runs, the interleaving, the script and the pytest mode, which must agree);
+the tables are in ``e2e_report.py`` and the prompts in ``prompts.py``.
+
 Two ways to run it::
 
     # plain script: prints the ratio tables as Markdown (--quick: 1 repeat,

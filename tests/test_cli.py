@@ -12,7 +12,7 @@ import pytest
 
 import specdec
 from specdec import cli, measure
-from specdec.cli import demo, demo_models, output
+from specdec.cli import demo, demo_models, demo_report, output, runs
 from specdec.cli.options import MAX_TOKENS, MAX_VOCAB
 from specdec.models._cached import PrefixCachedModel
 from specdec.toymodels import byte_corpus, byte_kn, tables
@@ -569,27 +569,28 @@ def test_demo_says_why_it_was_faster_or_not(capsys):
         "tokens_per_step": 1.0,
     }
     plain = {"num_target_forward_passes": 35, "target_time": 3.5}
-    assert "nothing was worth drafting in 10 of 10 steps" in demo.account(stats, plain, 1.02)
+    assert "nothing was worth drafting in 10 of 10 steps" in demo_report.account(stats, plain, 1.02)
     stats.update(total_draft_tokens_proposed=40, total_draft_tokens_accepted=30)
     stats.update(tokens_per_step=3.5, draft_length_histogram=[0, 10], target_time=5.0)
-    assert demo.account(stats, plain, 2.1).startswith("why faster: 3.50 tokens per target pass")
-    slower = demo.account(stats, plain, 0.7)
+    faster = demo_report.account(stats, plain, 2.1)
+    assert faster.startswith("why faster: 3.50 tokens per target pass")
+    slower = demo_report.account(stats, plain, 0.7)
     assert "30 of 40 drafted tokens kept" in slower
     assert "a verifying pass cost 5.0x a one-token pass" in slower
     # Many tokens per pass, each pass dear (seen: 5.71 tokens for 6.9x): the cause is the
     # verifying passes' cost, not "too few tokens per pass".
     stats.update(total_draft_tokens_proposed=50, total_draft_tokens_accepted=48)
     stats.update(tokens_per_step=5.71, target_time=6.9, draft_time=0.01, decoder_time=0.02)
-    dear = demo.account(stats, plain, 0.9)
+    dear = demo_report.account(stats, plain, 0.9)
     assert "too few" not in dear and "cost 6.9x a one-token pass" in dear
     assert "5.71 tokens it made" in dear and "cost curve" in dear
     # Few drafts kept, each pass dear: the drafts are to blame.
     stats.update(total_draft_tokens_accepted=10, tokens_per_step=1.3, target_time=2.0)
-    assert "too few drafted tokens were kept" in demo.account(stats, plain, 0.9)
+    assert "too few drafted tokens were kept" in demo_report.account(stats, plain, 0.9)
     # Passes that paid for themselves: the time went elsewhere, and the line says where.
     stats.update(total_draft_tokens_accepted=48, tokens_per_step=5.71, target_time=2.0)
     stats.update(draft_time=1.5)
-    cheap = demo.account(stats, plain, 0.95)
+    cheap = demo_report.account(stats, plain, 0.95)
     assert "cost only 2.0x" in cheap and "drafting (1.500 s)" in cheap and "too few" not in cheap
 
 
@@ -749,10 +750,10 @@ def test_generate_measures_the_cost_curve_before_the_timed_runs(
     assert targets[0].curve_known_at_runs == [True] * (1 + len(extra))  # ... before any run
     assert report["seconds"] < 1.0  # the speculative run's time leaves the second out
     code, out, err = run([*GENERATE, "--prompt", REPEAT, *extra], capsys)
-    assert code == 0 and demo.CALIBRATION_MESSAGE in err.splitlines()
+    assert code == 0 and runs.CALIBRATION_MESSAGE in err.splitlines()
     # Plain sampling reads no cost curve: nothing to measure, nothing said.
     code, out, err = run([*GENERATE, "--prompt", REPEAT, "--draft", "none"], capsys)
-    assert code == 0 and demo.CALIBRATION_MESSAGE not in err
+    assert code == 0 and runs.CALIBRATION_MESSAGE not in err
 
 
 def test_demo_measures_the_cost_curve_before_the_timed_runs(capsys, monkeypatch, slow_calibration):
@@ -773,7 +774,7 @@ def test_demo_measures_the_cost_curve_before_the_timed_runs(capsys, monkeypatch,
     monkeypatch.setattr(demo, "_timed", timed_run)
     code, out, err = run([*DEMO, "--prompt", REPEAT], capsys)
     assert code == 0, err
-    assert err.splitlines() == [demo.CALIBRATION_MESSAGE]
+    assert err.splitlines() == [runs.CALIBRATION_MESSAGE]
     assert targets[0].curve_known_at_runs == [True, True]
     assert len(slow_calibration) == 1
     # The policy sees the measured curve through the demo's wrapper.
@@ -1077,4 +1078,4 @@ def test_demo_smollm2_default_task_is_one_where_drafting_pays(
     assert code == 0, err
     assert "streamed as it is made ---\n" + demo.DEFAULT_TASK in out
     assert out.count("why faster:") + out.count("why not") == 1
-    assert demo.CALIBRATION_MESSAGE in err.splitlines()
+    assert runs.CALIBRATION_MESSAGE in err.splitlines()

@@ -22,7 +22,8 @@ The kernels come from the compiled core (``BACKEND == "cython"``) unless
 """
 
 from specdec._backend import BACKEND, available_backends
-from specdec._decoder import SpeculativeDecoder, sample, sample_stream
+from specdec._decoder import SpeculativeDecoder
+from specdec._sampling import sample, sample_stream
 from specdec._stats import SpeculativeDecodingStats
 from specdec._streaming import TextStream, TokenStream
 from specdec._tree import verify_tree

@@ -16,6 +16,12 @@ threshold -- an acceptance ratio or a cumulative sum -- with probability about
 1e-16 per decision.
 
 The row law, the speed-critical loops and their rationale are in ``_kernels.h``.
+
+Why one module of about 900 lines: every entry point here (``sample_token``, ``row_laws``,
+``verify``, ``verify_tree``) is a thin typed layer over the same inline nogil helpers
+(row laws, residuals, picks, one-hot removal), and Cython shares inline helpers only
+within a module (a split would need ``include`` files or cross-module calls through
+function pointers); the arithmetic itself lives in ``_kernels.h`` and its templates.
 """
 
 from cpython.pycapsule cimport PyCapsule_GetPointer

@@ -1,16 +1,16 @@
-"""The speculative decoder and plain sampling: the public calls, their checks, settings.
+"""The speculative decoder: the public calls, their checks and the live settings.
 
 :class:`SpeculativeDecoder` holds the validated, live settings (as the reference's
 attributes are) and the draft-length policy it keeps across calls; each call checks
 its arguments, builds a :class:`~specdec._streaming.Run` and runs the loop of
 :mod:`specdec._loop` on it, through the backend's :class:`~specdec._verifier.Verifier`.
-:func:`sample` is plain sampling through the same kernels, the baseline.
+Plain sampling, the baseline, is :mod:`specdec._sampling`.
 """
 
 from __future__ import annotations
 
 from specdec._calling import ModelCaller
-from specdec._loop import Plan, check_declared_vocab, sample_plainly, speculate
+from specdec._loop import Plan, check_declared_vocab, speculate
 from specdec._stats import SpeculativeDecodingStats
 from specdec._streaming import Run, TokenStream, chat, check_streamer, consume
 from specdec._validation import (
@@ -439,130 +439,3 @@ class SpeculativeDecoder:
         yield from speculate(
             run, chain=chain, draft=draft, target=target, plan=plan, rng=generator, eos=eos
         )
-
-
-def sample(
-    target_model,
-    prompt_ids,
-    max_new_tokens: int = 50,
-    eos_token_id=None,
-    *,
-    temperature: float = 1.0,
-    top_k=None,
-    top_p=None,
-    min_p=None,
-    seed=None,
-    rng=None,
-    backend=None,
-    streamer=None,
-):
-    """Plain autoregressive sampling from the target model, through the same kernels.
-
-    The baseline that speculative decoding is compared with: same law, same
-    controls, one target pass per token.
-
-    Parameters
-    ----------
-    target_model : model
-        As for :meth:`SpeculativeDecoder.generate`.
-    prompt_ids : sequence of int, shape (L,) or (1, L)
-        Non-empty prompt.
-    max_new_tokens : int, default 50
-        Upper bound on new tokens.
-    eos_token_id : int, optional
-        Stop after this token.
-    temperature, top_k, top_p, min_p
-        Sampling controls, as for :class:`SpeculativeDecoder`.
-    seed : int, optional
-        Seed of this call's generator (ignored when ``rng`` is given).
-    rng : numpy.random.Generator or int, optional
-        Randomness of this call; default: ``seed``, else a seed from NumPy's global state.
-    backend : {"cython", "python"}, optional
-        Kernel backend.
-    streamer : object with ``put(ids)`` and ``end()``, optional
-        As for :meth:`SpeculativeDecoder.generate`: here every pass makes one token.
-
-    Returns
-    -------
-    ids : list of int
-        The prompt followed by the new tokens.
-    stats : SpeculativeDecodingStats
-        ``num_target_forward_passes`` equals the tokens generated.
-    """
-    check_streamer(streamer)
-    passes = _sampling_passes(
-        target_model,
-        prompt_ids,
-        max_new_tokens,
-        eos_token_id,
-        (temperature, top_k, top_p, min_p),
-        seed,
-        rng,
-        backend,
-    )
-    return consume(next(passes), passes, streamer)
-
-
-def sample_stream(
-    target_model,
-    prompt_ids,
-    max_new_tokens: int = 50,
-    eos_token_id=None,
-    *,
-    temperature: float = 1.0,
-    top_k=None,
-    top_p=None,
-    min_p=None,
-    seed=None,
-    rng=None,
-    backend=None,
-) -> TokenStream:
-    """Plain sampling's tokens as they are made: one 1-D array per target pass.
-
-    Takes the arguments of :func:`sample`, checked at once; the stream, concatenated,
-    is ``sample``'s new tokens for the same seed (:meth:`SpeculativeDecoder.stream`'s
-    counterpart, for the baseline).
-
-    Returns
-    -------
-    specdec.TokenStream
-        Iterates over 1-D int64 arrays of one token each; ``stats`` as for
-        :meth:`SpeculativeDecoder.stream`.
-    """
-    passes = _sampling_passes(
-        target_model,
-        prompt_ids,
-        max_new_tokens,
-        eos_token_id,
-        (temperature, top_k, top_p, min_p),
-        seed,
-        rng,
-        backend,
-    )
-    return TokenStream(next(passes), passes)
-
-
-def _sampling_passes(
-    target_model, prompt_ids, max_new_tokens, eos_token_id, controls, seed, rng, backend
-):
-    """Plain sampling's loop: yields the run once checked, then each new token.
-
-    As :meth:`SpeculativeDecoder._passes`, with one target pass per token.
-    """
-    target = ModelCaller(target_model, "target_model")
-    prompt = check_prompt(prompt_ids)
-    max_new_tokens = check_max_new_tokens(max_new_tokens)
-    eos = check_eos(eos_token_id)
-    controls = SamplingControls.from_user(*controls)
-    verifier = verifier_for(backend)
-    generator = make_rng(rng, seed)
-    check_declared_vocab(prompt, eos, target)
-
-    stats = SpeculativeDecodingStats(accepted_length_histogram=[0], draft_length_histogram=[0])
-    run = Run(prompt, max_new_tokens, stats)
-    run.callers = (None, target)
-    yield run
-    run.start_clock()
-    yield from sample_plainly(
-        run, target=target, verifier=verifier, controls=controls, rng=generator, eos=eos
-    )

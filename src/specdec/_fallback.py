@@ -4,6 +4,9 @@ Same functions, same signatures, same decisions: every uniform is one
 ``rng.random()`` (one ``next_double``), drawn in the same order as the compiled
 core, and the row laws are the same double-precision formulas (see ``_kernels.h``).
 Used when ``SPECDEC_PUREPYTHON=1`` or when the extension was not built.
+
+Why one module past 500 lines: it mirrors ``_core.pyx`` function by function (and
+carries the kernels' docstrings for both), so that the two are read side by side.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The state of one generation, and the two ways of consuming its passes.
 
-The decoding loops (:mod:`specdec._decoder`) are generators: after each target pass
+The decoding loops (:mod:`specdec._loop`) are generators: after each target pass
 they yield the tokens that pass made final.  :func:`consume` drives one to the end,
 feeding a Hugging Face-style streamer if one is given (``generate``, ``sample``);
 :class:`TokenStream` hands the passes to the caller (``SpeculativeDecoder.stream``).

@@ -10,12 +10,10 @@ differently).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 import specdec
-from specdec import TextStream
-from specdec.cli import demo_models
+from specdec.cli import demo_models, demo_report, runs
 from specdec.cli.options import (
     MAX_GAMMA,
     MAX_LATENCY_MS,
@@ -25,7 +23,7 @@ from specdec.cli.options import (
     UsageError,
     number,
 )
-from specdec.cli.output import Progress, bar_chart, print_json, printable, row, stderr_line
+from specdec.cli.output import Progress, print_json, printable
 from specdec.drafters import Drafter
 
 __all__ = [
@@ -35,11 +33,6 @@ __all__ = [
     "DEFAULT_TASK",
     "STATS_FIELDS",
     "MAX_GGUF_CONTEXT",
-    "account",
-    "calibrate",
-    "plain_stream",
-    "text_of",
-    "CALIBRATION_MESSAGE",
 ]
 
 #: What the n-gram models continue (they know code, not chat).
@@ -244,94 +237,6 @@ def _stats_dict(stats, wall_time: float) -> dict:
     return out
 
 
-#: Said on stderr before the target's cost curve is measured (see :func:`calibrate`).
-CALIBRATION_MESSAGE = "measuring the model's cost of a pass over 1..16 tokens (once)..."
-
-
-def calibrate(target, quiet: bool) -> None:
-    """Measure the target's cost curve now, if it would be measured at its first use.
-
-    The adaptive draft length reads the curve when it first weighs a draft, inside the
-    timed speculative run: one to a few seconds (more on a loaded machine) that plain
-    sampling never pays.  Measured here, during the warm-up, it is said on stderr and
-    left out of both timings.
-
-    Parameters
-    ----------
-    target : object
-        The target model; only adapters with a pending calibration are measured.
-    quiet : bool
-        Say nothing on stderr.
-    """
-    pending = getattr(target, "_cost_curve_pending", None)
-    if pending is None or not pending():
-        return  # given, already measured, or a model without a calibration
-    if not quiet:
-        stderr_line(CALIBRATION_MESSAGE)
-    target.cost_curve  # noqa: B018 (measures it; kept by the adapter)
-
-
-def plain_stream(target, prompt, max_tokens: int, eos, controls: dict, seed, backend):
-    """Plain sampling (``specdec.sample``'s loop) as a :class:`TokenStream`, one token a pass.
-
-    So that plain sampling stops at any stop id through the same :class:`TextStream` as
-    speculative decoding does (``sample`` takes one end-of-sequence id).
-
-    Parameters
-    ----------
-    target : model
-        The target.
-    prompt : sequence of int
-        The prompt's ids.
-    max_tokens : int
-        Most new tokens.
-    eos : int or None
-        The id the loop itself stops after.
-    controls : dict
-        ``temperature``, ``top_k``, ``top_p`` and ``min_p``.
-    seed : int or None
-        Seed of the run's generator.
-    backend : str or None
-        Kernel backend.
-
-    Returns
-    -------
-    specdec.TokenStream
-    """
-    return specdec.sample_stream(
-        target, prompt, max_tokens, eos, **controls, seed=seed, backend=backend
-    )
-
-
-def text_of(tokens, detokenize, stops, write=None):
-    """Run a :class:`TokenStream` to its first stop id; return ``(new ids, stats)``.
-
-    The ids end before the stop token; the stats count every token the loop made
-    final, the stop token included (it took a pass).
-
-    Parameters
-    ----------
-    tokens : specdec.TokenStream
-        The run.
-    detokenize : callable
-        ``detokenize(list of int) -> str``.
-    stops : collection of int
-        Ids that end the text.
-    write : callable, optional
-        ``write(piece)`` for each piece of text as it comes.
-
-    Returns
-    -------
-    ids : list of int
-    stats : SpeculativeDecodingStats
-    """
-    text = TextStream(tokens, detokenize, stops)
-    for piece in text:
-        if write is not None:
-            write(piece)
-    return text.ids, text.stats
-
-
 def _timed(label: str, total: int, prompt_len: int, progress_enabled: bool, call):
     """Run ``call(on_call)``, feeding a progress bar from the target's calls.
 
@@ -416,10 +321,11 @@ def run_demo(args) -> int:
     eos = stops[0] if stops else None  # the loops stop there; TextStream at any stop id
     streamed = not args.json
     if streamed:  # the speculative run is shown as it is made: the text is its progress
-        print("\n".join(_header_lines(backend, loaded.description, args.prompt, prompt_ids)))
+        header = demo_report.header_lines(backend, loaded.description, args.prompt, prompt_ids)
+        print("\n".join(header))
         print(
             "--- prompt + speculative decoding, streamed as it is made ---\n"
-            + printable(args.prompt + _reply_separator(loaded.info)),
+            + printable(args.prompt + demo_report.reply_separator(loaded.info)),
             end="",
         )
     try:
@@ -427,7 +333,7 @@ def run_demo(args) -> int:
         specdec.sample(loaded.target, prompt_ids, 2, temperature=0.0, backend=backend)
         if not isinstance(loaded.draft, Drafter):  # a draft model pages its weights in too
             specdec.sample(loaded.draft, prompt_ids, 2, temperature=0.0, backend=backend)
-        calibrate(loaded.target, quiet)
+        runs.calibrate(loaded.target, quiet)
         decoder = specdec.SpeculativeDecoder(
             args.gamma, seed=args.seed, backend=backend, **controls
         )
@@ -437,11 +343,11 @@ def run_demo(args) -> int:
                 args.max_tokens,
                 len(prompt_ids),
                 progress and not streamed,
-                lambda hook: text_of(
+                lambda hook: runs.text_of(
                     decoder.stream(draft, fresh_target(hook), prompt_ids, args.max_tokens, eos),
                     loaded.decode,
                     stops,
-                    _write if streamed else None,
+                    demo_report.write if streamed else None,
                 ),
             )
         finally:
@@ -452,8 +358,8 @@ def run_demo(args) -> int:
             args.max_tokens,
             len(prompt_ids),
             progress,
-            lambda hook: text_of(
-                plain_stream(
+            lambda hook: runs.text_of(
+                runs.plain_stream(
                     fresh_target(hook),
                     prompt_ids,
                     args.max_tokens,
@@ -501,167 +407,5 @@ def run_demo(args) -> int:
     if args.json:
         print_json(report)
     else:
-        _print_demo(report, streamed=streamed)
+        demo_report.print_demo(report, streamed=streamed)
     return 0
-
-
-def _exactness_lines(r: dict) -> list[str]:
-    e, t = r["exactness"], r["settings"]["temperature"]
-    if e["guarantee"] == "identical":
-        if e["identical"]:
-            return [
-                "exactness: at temperature 0 both runs are the target's greedy continuation: "
-                "the two texts are identical, as they must be."
-            ]
-        return [
-            f"exactness: at temperature 0 the two texts should be identical, but they differ "
-            f"from generated token {e['first_difference']} on.  With llama.cpp this happens "
-            "where the target's two best tokens are nearly tied: it evaluates one token and a "
-            "batch of tokens with different kernels, whose logits differ slightly."
-        ]
-    same = "happen to be identical" if e["identical"] else "differ"
-    return [
-        f"exactness: at temperature {t:g} both texts are draws from the same distribution, "
-        "the target's own (with these top-k/top-p/min-p controls).",
-        f"The same seed does not give the same text: speculative decoding uses the random "
-        f"stream differently.  Here the two texts {same}.",
-    ]
-
-
-def _reply_separator(info: dict) -> str:
-    """A chat model's reply starts a new line (its template's turn header is not shown)."""
-    return "\n" if info.get("chat_template") else ""
-
-
-def _write(piece: str) -> None:
-    sys.stdout.write(printable(piece))
-    sys.stdout.flush()
-
-
-def _header_lines(backend: str, description: str, prompt: str, prompt_ids) -> list[str]:
-    return [
-        f"specdec {specdec.__version__} demo (backend: {backend})",
-        f"models: {description}",
-        f"prompt: {prompt!r} ({len(prompt_ids)} tokens)",
-        "",
-    ]
-
-
-def account(stats: dict, plain: dict, speedup: float | None) -> str:
-    """One line saying why speculative decoding was, or was not, faster here.
-
-    Parameters
-    ----------
-    stats, plain : dict
-        The speculative and the plain run's reports (``_stats_dict``).
-    speedup : float or None
-        Plain sampling's wall time over speculative decoding's.
-
-    Returns
-    -------
-    str
-    """
-    passes = stats["num_target_forward_passes"]
-    proposed, kept = stats["total_draft_tokens_proposed"], stats["total_draft_tokens_accepted"]
-    plain_steps = stats["draft_length_histogram"][0] if stats["draft_length_histogram"] else 0
-    per_pass = f"{stats['tokens_per_step']:.2f} tokens per target pass"
-    if speedup is not None and speedup >= 1.1:
-        return (
-            f"why faster: {per_pass} instead of 1: {kept} of {proposed} drafted tokens were "
-            "kept, and every token kept is a pass of the target saved"
-        )
-    if proposed == 0:
-        return (
-            f"why not faster: nothing was worth drafting in {plain_steps} of {passes} steps (an "
-            "open prompt: the text repeats nothing the drafter has seen), so both runs did "
-            "the same work and the difference is timing noise"
-        )
-    counts = f"{per_pass} ({kept} of {proposed} drafted tokens kept, {plain_steps} of {passes} "
-    counts += "steps with nothing worth drafting)"
-    if not (passes and plain["num_target_forward_passes"] and plain["target_time"] > 0):
-        return f"why not (much) faster: {counts}"
-    # A verifying pass that costs r one-token passes and makes t tokens saves target time
-    # only if t > r: compare the two, measured, to name what ate the gain.
-    ratio = (stats["target_time"] / passes) / (
-        plain["target_time"] / plain["num_target_forward_passes"]
-    )
-    if ratio >= stats["tokens_per_step"]:
-        if kept < proposed / 2:
-            cause = "too few drafted tokens were kept to pay for the passes that verified them"
-        else:
-            cause = (
-                "on this model and machine a pass over several tokens costs about what as "
-                "many one-token passes do (its cost curve), so kept drafts save little"
-            )
-        return (
-            f"why not (much) faster: {counts}, but a verifying pass cost {ratio:.1f}x a "
-            f"one-token pass, at least the {stats['tokens_per_step']:.2f} tokens it made: {cause}"
-        )
-    return (
-        f"why not (much) faster: {counts}; a verifying pass cost only {ratio:.1f}x a one-token "
-        f"pass, so the target's time shrank, and the rest went to drafting "
-        f"({stats.get('draft_time', 0.0):.3f} s) and the decoder "
-        f"({stats.get('decoder_time', 0.0):.3f} s)"
-    )
-
-
-def _print_demo(r: dict, streamed: bool) -> None:
-    s, a, settings = r["speculative"], r["autoregressive"], r["settings"]
-    out = []
-    if not streamed:
-        out += [
-            *_header_lines(r["backend"], r["model"]["description"], r["prompt"], range(0)),
-            f"--- prompt + {s['total_tokens_generated']} tokens from speculative decoding ---",
-            printable(r["prompt"] + _reply_separator(r["model"]) + s["text"]),
-        ]
-        out[2] = f"prompt: {r['prompt']!r} ({r['prompt_tokens']} tokens)"
-    out += [
-        f"--- prompt + {a['total_tokens_generated']} tokens from plain sampling (the target "
-        "alone) ---",
-        printable(r["prompt"] + _reply_separator(r["model"]) + a["text"]),
-        "--- end ---",
-        *_exactness_lines(r),
-        "",
-        f"speculative decoding: gamma = {settings['gamma']}, "
-        f"temperature = {settings['temperature']:g}, seed = {settings['seed']}",
-        row("tokens generated", str(s["total_tokens_generated"])),
-        row(
-            "acceptance rate",
-            f"{s['acceptance_rate']:.2f}",
-            f"{s['total_draft_tokens_accepted']} of {s['total_draft_tokens_proposed']} drafts kept",
-        ),
-        row(
-            "tokens per target pass",
-            f"{s['tokens_per_step']:.2f}",
-            f"{s['num_target_forward_passes']} target passes, "
-            f"{s['num_draft_forward_passes']} draft passes",
-        ),
-        "  drafts kept per step:",
-        *bar_chart(s["accepted_length_histogram"]),
-        "  draft tokens verified per step (0: a plain step, nothing worth drafting):",
-        *bar_chart(s["draft_length_histogram"]),
-        "",
-    ]
-    latency = settings["target_latency_ms"]
-    out.append(
-        f"wall time, with a simulated {latency:g} ms added to every target forward pass "
-        "to stand in for a large model (--target-latency-ms):"
-        if latency
-        else "wall time:"
-    )
-    out += [
-        row(
-            "speculative decoding",
-            f"{s['wall_time']:7.3f} s",
-            f"target {s['target_time']:.3f} s, draft {s['draft_time']:.3f} s, "
-            f"decoder {s['decoder_time']:.3f} s",
-        ),
-        row(
-            "autoregressive sampling",
-            f"{a['wall_time']:7.3f} s",
-            f"{a['num_target_forward_passes']} target passes, same target and seed",
-        ),
-        row("speedup", f"{r['speedup']:7.2f}x"),
-        account(s, a, r["speedup"]),
-    ]
-    print("\n".join(out))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import specdec
-from specdec.cli import demo, demo_models
+from specdec.cli import demo, demo_models, runs
 from specdec.cli.options import MAX_GAMMA, MAX_SEED, MAX_TOKENS, CLIError, UsageError, number
 from specdec.cli.output import one_line, print_json, printable, stderr_line
 from specdec.drafters import Drafter, PromptLookup, SuffixDrafter
@@ -262,7 +262,7 @@ def _run_once(args, loaded, prompt, stops, controls, show):
         loaded.target.reset()  # every run pays for its prompt
     start = time.perf_counter()
     if loaded.draft is None:
-        tokens = demo.plain_stream(
+        tokens = runs.plain_stream(
             loaded.target, prompt, args.max_tokens, eos, controls, args.seed, backend
         )
     else:
@@ -270,7 +270,7 @@ def _run_once(args, loaded, prompt, stops, controls, show):
             _gamma(args, loaded), seed=args.seed, backend=backend, **controls
         )
         tokens = decoder.stream(loaded.draft, loaded.target, prompt, args.max_tokens, eos)
-    new, stats = demo.text_of(tokens, loaded.detokenize, stops, _write if show else None)
+    new, stats = runs.text_of(tokens, loaded.detokenize, stops, _write if show else None)
     return new, stats, time.perf_counter() - start
 
 
@@ -339,7 +339,7 @@ def run_generate(args) -> int:
         if loaded.draft is not None and not isinstance(loaded.draft, Drafter):
             specdec.sample(loaded.draft, prompt, 1, temperature=0.0, backend=args.backend)
         if loaded.draft is not None:  # only a speculative run reads the cost curve
-            demo.calibrate(loaded.target, quiet=False)
+            runs.calibrate(loaded.target, quiet=False)
         show = not args.json
         try:
             new, stats, seconds = _run_once(args, loaded, prompt, stops, controls, show)

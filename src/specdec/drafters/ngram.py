@@ -7,6 +7,10 @@ greedily, for as long as its estimate stays confident.  It is the frequency-base
 sibling of :class:`~specdec.drafters.PromptLookup` (which copies the most recent
 match): it also predicts from text the current sequence has never contained, and
 prefers what usually follows to what followed last time.
+
+Why one module past 500 lines: it is one class, whose public methods carry full
+docstrings; the file format is in ``_ngram_file.py``, the option checks in
+``_checks.py``.
 """
 
 from __future__ import annotations

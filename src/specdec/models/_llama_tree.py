@@ -154,9 +154,6 @@ class LlamaCppTreeModel(LlamaCppModel):
             kept = paths[first]
             llama.input_ids[start:length] = prefix[start:]
             llama.input_ids[length : length + len(kept)] = tokens[kept]
-            llama.scores[start : length - 1, 0] = np.nan
-            llama.scores[length - 1] = rows[0]
-            llama.scores[length : length + len(kept)] = rows[np.asarray(kept) + 1]
             llama.n_tokens = length + len(kept)
         except BaseException:
             # Ctrl-C lands as llama_decode returns, before the record: drop the entries
