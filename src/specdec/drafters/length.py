@@ -38,6 +38,7 @@ a run is reproducible (not with ``target_cost="measured"``, which times the pass
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from specdec._validation import is_int, is_real
 from specdec.drafters.cost import (
@@ -57,7 +58,31 @@ __all__ = [
     "DraftLengthPolicy",
     "FixedDraftLength",
     "HeuristicDraftLength",
+    "Tally",
 ]
+
+
+class Tally(NamedTuple):
+    """Observations of one acceptance estimate, the older ones faded by a memory factor.
+
+    Attributes
+    ----------
+    kept : float
+        Weight of the tokens kept.
+    tested : float
+        Weight of the tokens tested (kept or rejected).
+    """
+
+    kept: float = 0.0
+    tested: float = 0.0
+
+    def add(self, kept: float, tested: float, fade: float) -> Tally:
+        """The tally faded by ``fade``, plus ``kept`` of ``tested`` new observations."""
+        return Tally(self.kept * fade + kept, self.tested * fade + tested)
+
+
+#: No observation yet.
+NO_TALLY = Tally()
 
 
 class DraftLengthPolicy:
@@ -258,7 +283,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self.memory = float(memory)
         self._max = 1
         self._cost = CostCurve(DEFAULT_COST_CURVE)
-        self._accept: dict = {}  # key -> [kept, tested]
+        self._accept: dict = {}  # key -> Tally
         self._timer = PassTimer(self.memory)  # for "measured"
         self._idle: dict = {}  # key -> proposals since the last observation
 
@@ -302,7 +327,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         float
             In (0, 1).
         """
-        kept, tested = self._accept.get(key, (0.0, 0.0))
+        kept, tested = self._accept.get(key, NO_TALLY)
         prior = 2.0  # pseudo-observations of the prior acceptance
         return (kept + prior * self.prior_acceptance) / (tested + prior)
 
@@ -355,8 +380,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             successes += int(shadow)
         if tested:
             self._idle[key] = 0
-            kept_sum, tested_sum = self._accept.get(key, (0.0, 0.0))
-            m = self.memory**tested
-            self._accept[key] = [kept_sum * m + successes, tested_sum * m + tested]
+            tally = self._accept.get(key, NO_TALLY)
+            self._accept[key] = tally.add(successes, tested, self.memory**tested)
         if self.target_cost == "measured":
             self._timer.record(drafted, target_seconds)

@@ -20,7 +20,7 @@ from specdec.drafters.cost import (
     check_target_cost,
     chosen_cost,
 )
-from specdec.drafters.length import DraftLengthPolicy
+from specdec.drafters.length import NO_TALLY, DraftLengthPolicy
 from specdec.drafters.tree import DraftTree
 
 __all__ = ["PositionalDraftLength"]
@@ -138,7 +138,7 @@ class PositionalDraftLength(DraftLengthPolicy):
 
     def reset(self) -> None:
         """Forget every observation (acceptance, idle counts and timings)."""
-        self._cells: dict = {}  # (source, evidence, position) -> [kept, tested]
+        self._cells: dict = {}  # (source, evidence, position) -> Tally
         self._idle: dict = {}  # (source, evidence) -> proposals since the last draft
         self._timer = PassTimer(self.memory)
 
@@ -215,7 +215,7 @@ class PositionalDraftLength(DraftLengthPolicy):
             if cell is None:
                 previous = prior
             else:
-                previous = (cell[0] + strength * prior) / (cell[1] + strength)
+                previous = (cell.kept + strength * prior) / (cell.tested + strength)
             estimates.append(previous)
         return estimates
 
@@ -296,8 +296,7 @@ class PositionalDraftLength(DraftLengthPolicy):
         cells, memory = self._cells, self.memory
         for position, success in outcomes:
             cell = self._cell_key(key, position)
-            kept_sum, tested_sum = cells.get(cell, (0.0, 0.0))
-            cells[cell] = [kept_sum * memory + success, tested_sum * memory + 1.0]
+            cells[cell] = cells.get(cell, NO_TALLY).add(success, 1.0, memory)
         if self.target_cost == "measured":
             self._timer.record(drafted, target_seconds)
 
@@ -309,7 +308,7 @@ class PositionalDraftLength(DraftLengthPolicy):
         prior = self.PRIOR_ALTERNATIVE
         if cell is None:
             return prior
-        return (cell[0] + self.prior_strength * prior) / (cell[1] + self.prior_strength)
+        return (cell.kept + self.prior_strength * prior) / (cell.tested + self.prior_strength)
 
     def _alternative_cell(self, key, rank: int) -> tuple:
         # Negative positions: the alternatives' cells, apart from the positions'.
@@ -446,7 +445,6 @@ class PositionalDraftLength(DraftLengthPolicy):
                 cell = self._cell_key(key, int(tree.depth[node]))
             else:
                 cell = self._alternative_cell(key, rank)
-            kept_sum, tested_sum = cells.get(cell, (0.0, 0.0))
-            cells[cell] = [kept_sum * memory + success, tested_sum * memory + 1.0]
+            cells[cell] = cells.get(cell, NO_TALLY).add(success, 1.0, memory)
         if self.target_cost == "measured":
             self._timer.record(int(np.count_nonzero(selected)), target_seconds)
