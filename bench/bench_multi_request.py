@@ -22,9 +22,10 @@ model's cache before the clock starts (prompt processing is the same for every s
 the systems take turns request by request (rotating which goes first) so that a change
 of machine load hits all alike; ``--repeats`` runs the whole series again (fresh
 drafters and decoders) and each series' ratio is reported, then their median.  llama.cpp
-runs with ``n_threads=1`` and its default batch threads unless ``--batch-threads``.  When
-the adapter has no ``cost_curve``, a short calibration (passes over 1..16 tokens, medians
-of 3) gives it one, so that the draft-length policy weighs drafts at this machine's cost.
+runs with ``n_threads=1`` and its default batch threads unless ``--batch-threads``.  The
+adapter measures its cost curve (passes over 1..16 tokens) before the first request, so
+that the draft-length policy weighs drafts at this machine's cost and no request's time
+holds the measurement.
 State the load (``uptime``) with any number quoted.
 
 Run::
@@ -173,25 +174,6 @@ def run_series(target, prompts, tokens, temperature, progress):
     return results
 
 
-def calibrate(target, prompt, max_tokens: int = 16, repeats: int = 3) -> list:
-    """Relative time of a pass over 1..max_tokens tokens after ``prompt`` (medians).
-
-    For an adapter without a ``cost_curve`` of its own: the decoder's policy then reads
-    this one instead of the adapter's ``speculation_cost`` guess.
-    """
-    times = {t: [] for t in range(1, max_tokens + 1)}
-    filler = list(prompt[-max_tokens:]) * 2
-    for _ in range(repeats):
-        for t in times:
-            target.forward(np.asarray([prompt]), logits_to_keep=1)  # cached, untimed
-            ids = np.asarray([list(prompt) + filler[:t]])
-            start = time.perf_counter()
-            target.forward(ids, logits_to_keep=t)
-            times[t].append(time.perf_counter() - start)
-    one = statistics.median(times[1])
-    return [statistics.median(times[t]) / one for t in times]
-
-
 def speed(rows) -> float:
     """Tokens per second over requests 2..N."""
     rows = rows[1:]
@@ -208,7 +190,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--no-calibration",
         action="store_true",
-        help="use the adapter's speculation_cost when it has no cost_curve",
+        help="let the first request's policy start measure the cost curve (timed)",
     )
     args = parser.parse_args(argv)
     kwargs = {"n_threads_batch": args.batch_threads} if args.batch_threads else {}
@@ -228,9 +210,10 @@ def main(argv=None) -> int:
     }
     first = ids["agent" if "agent" in ids else selected[0]][0]
     specdec.sample(target, first, 8)  # warm up
-    if getattr(target, "cost_curve", None) is None and not args.no_calibration:
-        target.cost_curve = calibrate(target, first)
-        print("cost curve (measured here):", " ".join(f"{c:.2f}" for c in target.cost_curve))
+    if not args.no_calibration:
+        # the adapter's own calibration, now rather than inside the first timed request
+        curve = " ".join(f"{c:.2f}" for c in target.cost_curve)
+        print("cost curve (measured by the adapter):", curve)
     table = []
     for name, prompts in ids.items():
         ratios = {"suffix": [], "lookup": []}
