@@ -931,13 +931,13 @@ def test_generate_without_llama_cpp_prints_the_install_hint(capsys, monkeypatch)
 
 
 def test_generate_ctrl_c_exits_130_and_ends_the_line(capsys, monkeypatch):
-    class Interrupted(demo.TextStream):
+    class Interrupted(runs.TextStream):
         def __next__(self):
             if self.text:
                 raise KeyboardInterrupt
             return super().__next__()
 
-    monkeypatch.setattr(demo, "TextStream", Interrupted)
+    monkeypatch.setattr(runs, "TextStream", Interrupted)
     code, out, err = run([*GENERATE, "--prompt", REPEAT], capsys)
     assert code == 130 and out.endswith("\n") and len(out) > 1
     assert "Traceback" not in err

@@ -35,7 +35,12 @@ def _propose(drafter, values, max_tokens=16) -> list[int]:
 
 
 def lookup_oracle(tokens, num_tokens, max_ngram_size, min_ngram_size, max_tokens):
-    """The specification of PromptLookup, by brute force: (proposal, match size)."""
+    """The specification of PromptLookup, by brute force: (proposal, match size).
+
+    The match size is the matched n-gram's length plus how many tokens before its
+    earlier occurrence equal those before the sequence's trailing n-gram (at most
+    PromptLookup.EVIDENCE_LIMIT in all).
+    """
     tokens = list(tokens)
     length = len(tokens)
     if max_tokens == 0:
@@ -45,7 +50,14 @@ def lookup_oracle(tokens, num_tokens, max_ngram_size, min_ngram_size, max_tokens
         for start in range(length - n - 1, -1, -1):  # latest first, not the trailing one
             if tokens[start : start + n] == gram:
                 begin = start + n
-                return tokens[begin : begin + min(num_tokens, max_tokens)], n
+                match = n
+                while (
+                    match < PromptLookup.EVIDENCE_LIMIT
+                    and start - (match - n) > 0
+                    and tokens[start - (match - n) - 1] == tokens[length - match - 1]
+                ):
+                    match += 1
+                return tokens[begin : begin + min(num_tokens, max_tokens)], match
     return [], 0
 
 
@@ -98,7 +110,8 @@ def test_lookup_takes_the_most_recent_occurrence():
     tokens = [4, 5, 6, 9, 4, 5, 7, 9, 4, 5]
     drafter = PromptLookup(num_tokens=3, max_ngram_size=2)
     assert _propose(drafter, tokens) == [7, 9, 4]
-    assert drafter.last_match_size == 2
+    # the 2-gram's occurrences are both preceded by 9: the context match is 3 long
+    assert drafter.last_match_size == 3
     assert drafter.last_match_position == 4
 
 

@@ -51,9 +51,12 @@ class PromptLookup(Drafter):
     Attributes
     ----------
     last_match_size : int
-        Length of the n-gram matched by the last :meth:`propose` (0 if it proposed
-        nothing).  Longer matches are kept more often, so an adaptive policy may
-        use it to choose how many tokens to verify.
+        How long a context the last :meth:`propose` rests on (0 if it proposed
+        nothing): the matched n-gram extended backwards while the tokens before the
+        earlier occurrence equal those before the sequence's end, up to
+        :attr:`EVIDENCE_LIMIT`.  A text being copied matches over many tokens, a
+        chance recurrence over one or two; the default draft-length policy drafts
+        accordingly.
     last_match_position : int
         Start of the earlier occurrence the last proposal copied from (-1 if none).
 
@@ -92,6 +95,9 @@ class PromptLookup(Drafter):
     2
     """
 
+    #: The longest match reported in :attr:`last_match_size` (the backward scan stops).
+    EVIDENCE_LIMIT = 32
+
     #: The largest ``max_ngram_size``: indexing costs time and memory in proportion to
     #: ``max_ngram_size ** 2`` per token (about 20 kB per token at 64), and a match
     #: that long is already a certain copy.
@@ -110,6 +116,7 @@ class PromptLookup(Drafter):
             )
         self.last_match_size = 0
         self.last_match_position = -1
+        self._matched_n = 0  # the n of the n-gram the last proposal matched
         # The indexed sequence: _buffer[:_length] (grown by doubling), and for every
         # n-gram ending at positions 0 .. _length - 2, the start of its latest
         # occurrence.  One dict serves every n: a key's length is its n.
@@ -174,8 +181,9 @@ class PromptLookup(Drafter):
             if start is not None:
                 begin = start + n  # <= length - 1: the trailing n-gram is not indexed
                 end = min(begin + self.num_tokens, begin + max_tokens, length)
-                self.last_match_size = n
+                self.last_match_size = self._extended(start, length - n, n)
                 self.last_match_position = start
+                self._matched_n = n
                 return self._buffer[begin:end].copy()
         return empty_proposal()
 
@@ -209,7 +217,7 @@ class PromptLookup(Drafter):
         if not len(first):
             return []
         candidates = [first]
-        n, start = self.last_match_size, self.last_match_position
+        n, start = self._matched_n, self.last_match_position
         limit = min(self.num_tokens, max_tokens)
         length = tokens.shape[0]
         seen = {tuple(first[:i]) for i in range(1, len(first) + 1)}
@@ -251,6 +259,16 @@ class PromptLookup(Drafter):
                 self._append(tokens[old:])
                 return
         self._sync(tokens, None)
+
+    def _extended(self, earlier: int, later: int, n: int) -> int:
+        """``n`` plus how many tokens before the two n-gram occurrences agree (capped)."""
+        buffer, limit = self._buffer, self.EVIDENCE_LIMIT
+        match = n
+        while match < limit and earlier > 0 and buffer[earlier - 1] == buffer[later - 1]:
+            match += 1
+            earlier -= 1
+            later -= 1
+        return match
 
     # -- the index ------------------------------------------------------------------
 

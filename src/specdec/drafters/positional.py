@@ -43,9 +43,13 @@ class PositionalDraftLength(DraftLengthPolicy):
 
     Priors.  Before a cell is observed, ``a(i)`` for evidence ``e`` is the prior of a
     match of length ``L = e + i - 1`` (once i - 1 drafted tokens were kept, the match
-    is that much longer): ``1 - 0.7 / L**0.8``, capped at 0.97.  A spurious 1-token
-    match starts at 0.3; a copied passage (a 16-token match) at 0.92, rising along the
-    draft.  A source without evidence (a draft model) starts at ``prior_acceptance``.
+    is that much longer): ``1 - 0.75 / L**1.5``, capped at 0.995.  A spurious 1-token
+    match starts at 0.25, a 3-token one at 0.86, a copied passage (a 16-token match) at
+    0.99, rising along the draft (measured on SmolLM2 prompt lookup: 3-gram matches
+    kept their first token 88% of the time, tokens past the fifth 99%; 1-gram matches
+    20%).  A source without evidence (a draft model) starts at ``prior_acceptance``.
+    Evidence is learnt in buckets (1, 2, 3, 4-5, 6-8, 9-12, 13-20, 21-32 tokens), so
+    that a copy whose match grows from step to step keeps learning in a few cells.
     Position i's prior is raised to the estimate at position i - 1 when that is
     higher, so that what was learnt at the first positions carries to the next ones
     before they are observed.  Each cell's estimate is ``(kept + s * prior) / (tested
@@ -90,7 +94,9 @@ class PositionalDraftLength(DraftLengthPolicy):
     #: Alternatives of rank beyond this share the last cell.
     MAX_RANK = 3
     #: Evidence beyond this match length shares one set of cells.
-    MAX_EVIDENCE = 16
+    MAX_EVIDENCE = 32
+    #: Upper ends of the evidence buckets that share cells (the last is MAX_EVIDENCE).
+    EVIDENCE_BUCKETS = (1, 2, 3, 5, 8, 12, 20, 32)
     #: Positions beyond this share the last cell.
     MAX_POSITION = 32
 
@@ -155,10 +161,14 @@ class PositionalDraftLength(DraftLengthPolicy):
         self._max = max_tokens
         self._cost = chosen_cost(self.target_cost, target_cost)
 
+    def _bucket(self, evidence: int) -> int:
+        """The evidence bucket (its upper end) that ``evidence`` learns in."""
+        return next((b for b in self.EVIDENCE_BUCKETS if evidence <= b), self.MAX_EVIDENCE)
+
     def _cell_key(self, key, position: int) -> tuple:
         source, evidence = key if isinstance(key, tuple) and len(key) == 2 else (key, None)
         if evidence is not None:
-            evidence = min(int(evidence), self.MAX_EVIDENCE)
+            evidence = self._bucket(int(evidence))
         return source, evidence, min(position, self.MAX_POSITION)
 
     def prior(self, evidence, position: int) -> float:
@@ -178,7 +188,7 @@ class PositionalDraftLength(DraftLengthPolicy):
         if evidence is None or evidence <= 0:
             return self.prior_acceptance
         match = evidence + position - 1
-        return min(0.97, 1.0 - 0.7 / match**0.8)
+        return min(0.995, 1.0 - 0.75 / match**1.5)
 
     def acceptances(self, key, n: int) -> list:
         """Estimated chance that draft token i is kept given the ones before, i = 1..n.
@@ -196,8 +206,10 @@ class PositionalDraftLength(DraftLengthPolicy):
             ``[a(1), ..., a(n)]``, each in (0, 1).
         """
         source, evidence = key if isinstance(key, tuple) and len(key) == 2 else (key, None)
+        bucket = None
         if evidence is not None:
             evidence = min(int(evidence), self.MAX_EVIDENCE)
+            bucket = self._bucket(evidence)
         cells, strength, last = self._cells, self.prior_strength, self.MAX_POSITION
         priors = self._priors.get(evidence)
         if priors is None or len(priors) < n:
@@ -211,7 +223,7 @@ class PositionalDraftLength(DraftLengthPolicy):
             prior = priors[position - 1]
             if previous > prior:
                 prior = previous
-            cell = cells.get((source, evidence, position if position < last else last))
+            cell = cells.get((source, bucket, position if position < last else last))
             if cell is None:
                 previous = prior
             else:

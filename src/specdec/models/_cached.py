@@ -115,7 +115,7 @@ class PrefixCachedModel(abc.ABC):
 
         A read-only 1-D float64 array; element 0 is 1.0.  Given at creation
         (``cost_curve=...``), or measured on first access by a short calibration
-        (a warm-up, then three interleaved rounds of passes over 1, 2, 3, 4, 5, 6,
+        (a warm-up, then five interleaved rounds of passes over 1, 2, 3, 4, 5, 6,
         8, 10, 12 and 16 tokens, medians, the other sizes interpolated; one to a
         few seconds, said once through the ``logging`` logger ``specdec.models`` at
         INFO level).  The calibration evaluates on top of the cache's current
