@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from specdec.models._cached import common_prefix_length
-from specdec.models._tree_scoring import check_tree, node_paths, score_tree_by_branches
+from specdec.models._tree_scoring import score_tree_by_branches, tree_arguments
 from specdec.models.llama_cpp import LlamaCppModel
 
 __all__ = ["LlamaCppTreeModel"]
@@ -84,14 +84,10 @@ class LlamaCppTreeModel(LlamaCppModel):
         numpy.ndarray
             float32 ``(N + 1, V)``: row 0 after the prefix, row ``i + 1`` after node ``i``.
         """
-        tokens, par = check_tree(token_ids, parents)
-        prefix = np.asarray(prefix_ids).reshape(-1).astype(np.int64, copy=False)
-        if prefix.size == 0:
-            raise ValueError("prefix_ids must contain at least one token")
+        prefix, tokens, par, paths = tree_arguments(prefix_ids, token_ids, parents)
         n = tokens.shape[0]
         if n == 0:
             return self.forward(prefix[None, :], logits_to_keep=1)[0]
-        paths = node_paths(par)
         depth = np.array([len(p) for p in paths])
         length = prefix.shape[0]
         self._check_fits(length + int(depth.max()))

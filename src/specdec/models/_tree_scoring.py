@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_tree", "node_paths", "score_tree", "score_tree_by_branches"]
+__all__ = ["check_tree", "node_paths", "score_tree", "score_tree_by_branches", "tree_arguments"]
 
 
 def check_tree(token_ids: Any, parents: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -49,6 +49,20 @@ def check_tree(token_ids: Any, parents: Any) -> tuple[np.ndarray, np.ndarray]:
             f"parents[{i}] = {int(par[i])} must be -1 or a node index smaller than {i}"
         )
     return tokens, par
+
+
+def tree_arguments(prefix_ids: Any, token_ids: Any, parents: Any):
+    """The checked arguments of a tree scoring: ``(prefix, tokens, parents, paths)``.
+
+    ``prefix`` is the 1-D int64 sequence before the tree (at least one token), ``tokens``
+    and ``parents`` as :func:`check_tree` returns them, ``paths`` each node's path
+    (:func:`node_paths`).
+    """
+    tokens, par = check_tree(token_ids, parents)
+    prefix = np.asarray(prefix_ids).reshape(-1).astype(np.int64, copy=False)
+    if prefix.size == 0:
+        raise ValueError("prefix_ids must contain at least one token")
+    return prefix, tokens, par, node_paths(par)
 
 
 def _last_rows(model: Any, seq: np.ndarray, n_rows: int) -> np.ndarray:
@@ -100,14 +114,10 @@ def score_tree_by_branches(model: Any, prefix_ids: Any, token_ids: Any, parents:
     numpy.ndarray
         float32 ``(N + 1, V)``: row 0 after the prefix, row ``i + 1`` after node ``i``.
     """
-    tokens, par = check_tree(token_ids, parents)
-    prefix = np.asarray(prefix_ids).reshape(-1).astype(np.int64, copy=False)
-    if prefix.size == 0:
-        raise ValueError("prefix_ids must contain at least one token")
+    prefix, tokens, par, paths = tree_arguments(prefix_ids, token_ids, parents)
     n = tokens.shape[0]
     if n == 0:
         return _last_rows(model, prefix[None, :], 1).astype(np.float32)
-    paths = node_paths(par)
     is_parent = np.zeros(n, dtype=bool)
     is_parent[par[par >= 0]] = True
     rows: np.ndarray | None = None

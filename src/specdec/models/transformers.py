@@ -10,7 +10,7 @@ import numpy as np
 from specdec.models._cached import PrefixCachedModel, common_prefix_length
 from specdec.models._optional import import_optional
 from specdec.models._text import check_messages, end_of_turn_id
-from specdec.models._tree_scoring import check_tree, node_paths
+from specdec.models._tree_scoring import tree_arguments
 
 __all__ = ["TransformersModel"]
 
@@ -252,14 +252,11 @@ class TransformersModel(PrefixCachedModel):
         numpy.ndarray
             float32 ``(N + 1, V)``: row 0 after the prefix, row ``i + 1`` after node ``i``.
         """
-        tokens, par = check_tree(token_ids, parents)
-        prefix = np.asarray(prefix_ids).reshape(-1).astype(np.int64, copy=False)
-        if prefix.size == 0:
-            raise ValueError("prefix_ids must contain at least one token")
+        prefix, tokens, par, paths = tree_arguments(prefix_ids, token_ids, parents)
         n = tokens.shape[0]
         if n == 0:
             return self.forward(prefix[None, :], logits_to_keep=1)[0]
-        depth = np.array([len(path) for path in node_paths(par)], dtype=np.int64)
+        depth = np.array([len(path) for path in paths], dtype=np.int64)
         length = prefix.shape[0]
         self._check_fits(length + int(depth.max()))
         if not self._first_use_done:
