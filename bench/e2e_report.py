@@ -11,7 +11,7 @@ import statistics
 
 import prompts as prompt_sets
 
-from specdec.drafters.length import DEFAULT_TARGET_COST
+from specdec.drafters.cost import DEFAULT_COST_CURVE
 
 __all__ = ["KIND_LABELS", "cells", "identity", "markdown", "summary"]
 
@@ -212,13 +212,10 @@ def markdown(records: list, config, meta: dict) -> str:
                     + " | ".join(f"{rel[k]:.2f}" for k in rel)
                     + " |"
                 )
-        overhead, per_token = DEFAULT_TARGET_COST  # the policy's default model, to compare
+        # the policies' curve when the adapter has measured none, to compare
         lines.append(
-            "| AdaptiveDraftLength's default model | | "
-            + " | ".join(
-                f"{1.0 if int(k) == 1 else 1 + overhead + per_token * (int(k) - 1):.2f}"
-                for k in sizes
-            )
+            "| default cost curve (nothing measured) | | "
+            + " | ".join(f"{DEFAULT_COST_CURVE[int(k) - 1]:.2f}" for k in sizes)
             + " |"
         )
         lines.append("")
