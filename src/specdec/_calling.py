@@ -4,23 +4,42 @@ from __future__ import annotations
 
 import inspect
 import time
+import weakref
 
 import numpy as np
 
 _LOGIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+# Answers of accepts_logits_to_keep by function: a decoder checks its models on every
+# call, and inspect.signature costs more than a short generation's kernels.  Weak keys,
+# so that closures and models made per request do not accumulate.
+_KEEPS_ROWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def accepts_logits_to_keep(fn) -> bool:
     """True when `fn` takes a `logits_to_keep` argument (shared with the demo models)."""
+    # A bound method answers as its function does: binding only removes `self`.
+    key = getattr(fn, "__func__", fn)
+    try:
+        return _KEEPS_ROWS[key]
+    except (KeyError, TypeError):  # not seen yet, or not weakly referenceable / hashable
+        pass
     try:
         parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # builtins without a signature
-        return False
-    parameter = parameters.get("logits_to_keep")
-    return parameter is not None and parameter.kind in (
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        inspect.Parameter.KEYWORD_ONLY,
-    )
+        answer = False
+    else:
+        parameter = parameters.get("logits_to_keep")
+        answer = parameter is not None and parameter.kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.KEYWORD_ONLY,
+        )
+    try:
+        _KEEPS_ROWS[key] = answer
+    except TypeError:
+        pass
+    return answer
 
 
 def _adapter_for(model) -> str | None:

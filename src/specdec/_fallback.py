@@ -94,6 +94,7 @@ _CEPHES_EXPF = [
         5.0000001201e-1,
     )
 ]
+_CEPHES_EXPF_F64 = [_F64(c) for c in _CEPHES_EXPF]
 _TAYLOR_12 = [_F64(1.0 / math.factorial(k)) for k in range(12, -1, -1)]
 
 
@@ -117,10 +118,12 @@ def _exp_f32(z):
     n = t - magic
     r = _fmaf(n, _F32(-0.693359375), z)
     r = _fmaf(n, _F32(2.12194440e-4), r)
+    # Horner's steps as _fmaf(p, r, c), with r widened once instead of at every step.
+    r64 = r.astype(_F64)
     p = np.full_like(r, _CEPHES_EXPF[0])
-    for coefficient in _CEPHES_EXPF[1:]:
-        p = _fmaf(p, r, coefficient)
-    p = (p.astype(_F64) * (r * r).astype(_F64) + r.astype(_F64)).astype(_F32)
+    for coefficient in _CEPHES_EXPF_F64[1:]:
+        p = (p.astype(_F64) * r64 + coefficient).astype(_F32)
+    p = (p.astype(_F64) * (r * r).astype(_F64) + r64).astype(_F32)
     p = p + _F32(1.0)
     scale = ((t.view(np.uint32) - np.uint32(0x4B400000 - 127)) << np.uint32(23)).view(_F32)
     return p * scale
