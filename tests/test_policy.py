@@ -150,6 +150,27 @@ def test_shadow_observations_teach_the_next_position():
     assert policy.length(key, 4) > 0
 
 
+def test_only_sources_without_free_observations_are_probed():
+    steep = PositionalDraftLength(target_cost=[1.0, 1.9, 2.8])  # a token costs 0.9 more
+    steep.start(16)
+    drafter, model = (0, 1), (1, None)  # a 1-token match, a draft model
+
+    def lengths(key, shadow):
+        chosen = []
+        for _ in range(3 * steep.PROBE_EVERY):
+            n = steep.length(key, 4)
+            chosen.append(n)
+            steep.observe(key, n, 0, 0.0, shadow if n == 0 else None)
+        return chosen
+
+    # A drafter's proposal is scored for free against the target's token (shadow) at
+    # every step it is not drafted: a paid one-token probe would only cost time.
+    assert lengths(drafter, False) == [0] * (3 * steep.PROBE_EVERY)
+    # A draft model is scored only when drafted: tried with one token now and then.
+    probes = lengths(model, None)
+    assert probes.count(1) == 3 and probes.count(0) == 3 * steep.PROBE_EVERY - 3
+
+
 def test_the_policy_is_a_function_of_its_call_history(backend):
     """What the policy sees is what is known before each target pass: replaying its
     calls (keys, offers, outcomes) to a fresh policy gives the same lengths."""

@@ -291,8 +291,10 @@ class PositionalDraftLength(DraftLengthPolicy):
     def _probe(self, key, best_n: int) -> int:
         """``best_n``, or 1 after PROBE_EVERY proposals of ``key`` drafted from not at all.
 
-        A source never drafted from learns nothing (a draft model gives no free
-        observation), so it is tried with one token now and then.
+        A source never drafted from learns nothing unless the decoder reports what its
+        proposal would have scored (a drafter's proposal, compared with the token the
+        target chose: :meth:`observe` with ``drafted=0`` and a ``shadow``); a draft model
+        gives no such free observation, so it is tried with one token now and then.
         """
         idle_key = self._cell_key(key, 0)[:2]
         if best_n == 0:
@@ -312,6 +314,9 @@ class PositionalDraftLength(DraftLengthPolicy):
             outcomes.append((kept + 1, 0.0))
         elif shadow is not None:
             outcomes.append((drafted + 1, float(shadow)))
+        if drafted == 0 and shadow is not None:
+            # a free observation: a key that gets them never needs a paid probe
+            self._idle[self._cell_key(key, 0)[:2]] = 0
         cells, memory = self._cells, self.memory
         for position, success in outcomes:
             cell = self._cell_key(key, position)
