@@ -251,6 +251,119 @@ def test_a_selection_of_more_nodes_than_allowed_is_named(backend):
         decoder.generate(Branching(), target_model(), PROMPT, 8, rng=0)
 
 
+# --- trees of a draft model's samples ----------------------------------------------------
+# With a draft model, a target that scores trees and random sampling, the decoder drafts
+# a chain and, at each depth, siblings drawn independently from the same draft row; the
+# target verifies them as a tree with their laws (multi-step speculative sampling).
+
+
+def draft_model():
+    return ContextModel(VOCAB, seed=12, dtype=np.float32)
+
+
+def sampled_outcomes(decoder, target, seed, eos=None, n_runs=N_RUNS):
+    rng = np.random.default_rng(seed)
+    draft, counts = draft_model(), collections.Counter()
+    for _ in range(n_runs):
+        ids, _ = decoder.generate(draft, target, PROMPT, N_TOKENS, eos, rng=rng)
+        counts[new_tokens(ids, PROMPT, N_TOKENS)] += 1
+    return counts
+
+
+SAMPLED = [
+    pytest.param({"temperature": 1.0}, None, 0.0, id="plain"),
+    # p_min stops the chain (and its depth's siblings) at a flat draft row; eos ends it
+    pytest.param({"temperature": 1.2, "top_p": 0.8, "min_p": 0.05}, 2, 0.3, id="controls-eos"),
+]
+
+
+@pytest.mark.parametrize(("controls", "eos", "p_min"), SAMPLED)
+def test_sampled_trees_keep_the_targets_law(backend, controls, eos, p_min):
+    target = target_model(np.float32)
+    policy = PositionalDraftLength(p_min=p_min, target_cost=[1.0, 1.01, 1.02, 1.03, 1.04, 1.05])
+    decoder = specdec.SpeculativeDecoder(4, draft_length=policy, backend=backend, **controls)
+    counts = sampled_outcomes(decoder, target, seed=41, eos=eos)
+    assert target.tree_calls > N_RUNS // 2  # siblings were verified, in most runs
+    law = enumerate_joint_law(target, PROMPT, N_TOKENS, eos, **controls)
+    result = pooled_chisquare(counts, law)
+    assert result.impossible == 0, f"{result.impossible} outcomes of probability 0"
+    assert result.pvalue > ALPHA, f"joint law differs from the target's: {result}"
+
+
+def test_power_rejects_a_forgetful_verifier_on_sampled_trees():
+    # the statistic's power, on the default backend (it checks the test, not a backend)
+    backend = specdec.BACKEND
+    target = target_model(np.float32)
+    decoder = specdec.SpeculativeDecoder(4, draft_length=cheap_policy(), backend=backend)
+    decoder._verifier = _ForgetfulVerifier(backend)
+    counts = sampled_outcomes(decoder, target, seed=41)
+    result = pooled_chisquare(counts, enumerate_joint_law(target, PROMPT, N_TOKENS))
+    assert result.pvalue < POWER_ALPHA, f"the statistic missed a wrong verifier: {result}"
+
+
+class _Spy(PositionalDraftLength):
+    """Records the trees the decoder asks about and the ones it verified."""
+
+    def __init__(self):
+        super().__init__(target_cost=[1.0, 1.01, 1.02, 1.03, 1.04])
+        self.asked, self.verified = [], []
+
+    def select_tree(self, key, tree):
+        self.asked.append(tree.tokens.copy())
+        return super().select_tree(key, tree)
+
+    def observe_tree(self, key, tree, selected, path, next_token, target_seconds):
+        self.verified.append(tree)
+        super().observe_tree(key, tree, selected, path, next_token, target_seconds)
+
+
+def test_a_sampled_trees_shape_is_chosen_before_its_tokens_are_drawn(backend):
+    spy = _Spy()
+    decoder = specdec.SpeculativeDecoder(4, draft_length=spy, backend=backend)
+    ids, stats = decoder.generate(draft_model(), target_model(), PROMPT, 40, rng=3)
+    assert spy.asked and all((tokens == -1).all() for tokens in spy.asked)
+    assert spy.verified and any(not tree.is_chain for tree in spy.verified)
+    for tree in spy.verified:  # real tokens; siblings hang from the chain
+        assert (tree.tokens >= 0).all() and (tree.tokens < VOCAB).all()
+        chain = np.flatnonzero(tree.rank == 0)
+        assert chain.tolist() == list(range(len(chain)))
+    assert stats.total_tokens_generated == len(ids) - len(PROMPT)
+
+
+def test_greedy_with_a_draft_model_verifies_chains_and_equals_argmax(backend):
+    target = target_model()
+    plain, _ = specdec.sample(target, PROMPT, 30, temperature=0.0, backend=backend)
+    decoder = specdec.SpeculativeDecoder(
+        4, temperature=0.0, draft_length=cheap_policy(), backend=backend
+    )
+    ids, _ = decoder.generate(draft_model(), target, PROMPT, 30)
+    assert ids == plain
+    assert target.tree_calls == 0  # greedy draws from one row are all the same token
+
+
+def test_sampled_trees_stream_as_generated_and_agree_across_backends():
+    target = target_model()
+    backends = [b for b in ("cython", "python") if b in specdec.available_backends()]
+    results = []
+    for backend in backends:
+        decoder = specdec.SpeculativeDecoder(4, draft_length=cheap_policy(), backend=backend)
+        ids, _ = decoder.generate(draft_model(), target, PROMPT, 30, 4, rng=9)
+        decoder = specdec.SpeculativeDecoder(4, draft_length=cheap_policy(), backend=backend)
+        pieces = list(decoder.stream(draft_model(), target, PROMPT, 30, 4, rng=9))
+        assert np.concatenate(pieces).tolist() == ids[len(PROMPT) :]
+        results.append(ids)
+    assert target.tree_calls > 0
+    assert all(r == results[0] for r in results)
+
+
+def test_sampled_shape_is_a_chain_with_siblings_per_depth():
+    tree = DraftTree.sampled_shape(3, 2)
+    assert tree.parents.tolist() == [-1, 0, 1, -1, 0, 1]
+    assert tree.depth.tolist() == [1, 2, 3, 1, 2, 3]
+    assert tree.rank.tolist() == [0, 0, 0, 1, 1, 1]
+    assert (tree.tokens == -1).all() and len(DraftTree.sampled_shape(0, 4)) == 0
+
+
 # --- the pieces: candidates, trees, the selection rule --------------------------------------
 
 

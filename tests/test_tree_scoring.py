@@ -277,3 +277,45 @@ def test_transformers_tree_decoding_greedy_equals_plain(tiny_llama, backend):
     ids, _ = decoder.generate(PromptLookup(), target, prompt, 24)
     assert ids == plain
     assert calls  # trees were scored
+
+
+def test_transformers_sampled_trees_of_a_draft_model_score_as_fresh_models(tiny_llama, backend):
+    # A draft model's sampled trees through TransformersModel.forward_tree (one pass,
+    # the cache cut to the leading chain, reused when a sibling was kept) give the same
+    # run, seed for seed, as a target that scores every call on an empty cache.
+    import specdec
+    from specdec.drafters import PositionalDraftLength
+    from specdec.models import TransformersModel
+
+    torch = _require("torch")
+    transformers = _require("transformers")
+    torch.manual_seed(1)
+    draft_net = transformers.LlamaForCausalLM(tiny_llama.config)
+
+    class Fresh:
+        """The target's logits, every call on an empty cache, trees branch by branch."""
+
+        def __init__(self):
+            self.model = TransformersModel(tiny_llama, cost_curve=[1.0])
+
+        def forward(self, ids, logits_to_keep=None):
+            self.model.reset()
+            return self.model.forward(ids, logits_to_keep=logits_to_keep)
+
+        def forward_tree(self, prefix_ids, token_ids, parents):
+            return score_tree_by_branches(self, prefix_ids, token_ids, parents)
+
+    def run(target):
+        calls = []
+        forward_tree = target.forward_tree
+        target.forward_tree = lambda *a: calls.append(1) or forward_tree(*a)
+        policy = PositionalDraftLength(target_cost=[1.0, 1.01, 1.02, 1.03, 1.04])
+        decoder = specdec.SpeculativeDecoder(4, draft_length=policy, backend=backend)
+        draft = TransformersModel(draft_net, cost_curve=[1.0])
+        ids, stats = decoder.generate(draft, target, [5, 17, 3, 60], 24, rng=11)
+        return ids, len(calls)
+
+    one_pass, trees = run(TransformersModel(tiny_llama, cost_curve=[1.0, 1.01, 1.02]))
+    fresh, fresh_trees = run(Fresh())
+    assert trees > 0 and trees == fresh_trees
+    assert one_pass == fresh

@@ -50,14 +50,15 @@ DEFAULT_GAMMA = _DefaultGamma(4)
 DEFAULT_TREE_WIDTH = 4
 
 
-def _tree_width(target: ModelCaller, target_model, policy, chain: Chain) -> int:
+def _tree_width(target: ModelCaller, target_model, policy) -> int:
     """The most candidates per tree of drafts: 0 (chains) unless all can do trees.
 
-    Trees need deterministic drafters (their candidates), a target that scores a tree
-    in one call (``forward_tree``) and a policy that chooses among nodes
-    (``select_tree``); a target's ``tree_width`` bounds the width.
+    Trees need a target that scores a tree in one call (``forward_tree``) and a policy
+    that chooses among nodes (``select_tree``); their candidates come from the drafters
+    (several continuations) or the draft model (siblings drawn from its laws, when
+    sampling); a target's ``tree_width`` bounds the width (the nodes per depth).
     """
-    if not (chain.drafters and target.scores_trees and hasattr(policy, "select_tree")):
+    if not (target.scores_trees and hasattr(policy, "select_tree")):
         return 0
     width = getattr(target_model, "tree_width", DEFAULT_TREE_WIDTH)
     if not is_int(width) or width < 1:
@@ -424,7 +425,7 @@ class SpeculativeDecoder:
             max_tokens=max_tokens,
             model_max_tokens=model_max_tokens,
             policy=policy,
-            tree_width=_tree_width(target, target_model, policy, chain),
+            tree_width=_tree_width(target, target_model, policy),
         )
         plan.policy.start(max_tokens, CostCurve.of_model(target_model))
 

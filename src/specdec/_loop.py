@@ -22,9 +22,15 @@ from typing import NamedTuple
 import numpy as np
 
 from specdec._calling import ModelCaller
+from specdec._model_drafts import (
+    check_same_vocab,
+    draft_from_model,
+    nodes_per_depth,
+    sampled_tree,
+)
 from specdec._streaming import Run
 from specdec._validation import SamplingControls, check_token_range
-from specdec._verifier import Draft, Verifier, Workspace
+from specdec._verifier import Draft, Verifier
 from specdec.drafters.chain import Chain
 from specdec.drafters.length import DraftLengthPolicy
 from specdec.drafters.tree import DraftTree
@@ -57,15 +63,6 @@ def check_declared_vocab(prompt, eos, *callers: ModelCaller) -> None:
         check_token_range(prompt, eos, declared[0])
 
 
-def check_same_vocab(draft_size: int, target_size: int) -> None:
-    """The draft and the target must share one vocabulary."""
-    if draft_size != target_size:
-        raise ValueError(
-            f"draft_model and target_model disagree on the vocabulary: the draft has "
-            f"{draft_size} tokens, the target {target_size}"
-        )
-
-
 def _check_proposal_range(drafted: np.ndarray, vocab_size: int | None, name: str) -> None:
     """A drafter's ids must lie in the target's vocabulary (once it is known)."""
     if vocab_size is not None and drafted.max() >= vocab_size:
@@ -87,19 +84,6 @@ def draft_length(policy: DraftLengthPolicy, key, offered: int) -> int:
     if not 0 <= answer <= offered:
         raise ValueError(f"{where}; {expected}")
     return int(answer)
-
-
-def _check_draft_row(row: np.ndarray, work: Workspace) -> None:
-    """A draft model's row must have the vocabulary of the workspace (the target's).
-
-    The workspace is made for the first model evaluated; when a chained drafter's
-    proposal made the target go first, the draft model's first row is checked here.
-    """
-    if row.shape[0] != work.vocab_size:
-        raise ValueError(
-            f"draft_model and target_model disagree on the vocabulary: the draft has "
-            f"{row.shape[0]} tokens, the target {work.vocab_size}"
-        )
 
 
 def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan, rng, eos):
@@ -129,6 +113,7 @@ def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan,
         else:
             source, evidence = -1, None
         key = (source, evidence)
+        tree_step = None  # (tree, selected, draft rows or None): a tree to verify
         if candidates is not None and len(candidates) > 1:
             if eos is not None:
                 candidates = [_cut_after(c, eos) for c in candidates]
@@ -138,22 +123,15 @@ def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan,
             n_first = int(np.count_nonzero(selected[: len(proposal)]))
             if np.count_nonzero(selected) > n_first or not selected[:n_first].all():
                 # a tree to verify: the selection leaves the best candidate's path
-                new, n_kept, token, path, seconds, work = _tree_pass(
-                    run, start, tree, selected, names[source], target, plan, rng, work, eos
-                )
-                stats.record_step(names[source], int(np.count_nonzero(selected)), n_kept, new)
-                policy.observe_tree(key, tree, selected, path, token, seconds)
-                chain.extend(run.sequence(), new)
-                yield from _pause(run, start)
-                if eos is not None and run.tokens[run.length - 1] == eos:
-                    break
-                continue
+                tree_step = tree, selected, None
         if proposal is None:
-            n_draft, work, draft_dtype = _draft_from_model(
+            offered = min(max_tokens, plan.model_max_tokens)
+            levels = _sampled_levels(policy, key, offered, plan)
+            n_draft, work, draft_dtype, siblings = draft_from_model(
                 draft,
                 run,
                 start,
-                draft_length(policy, key, min(max_tokens, plan.model_max_tokens)),
+                draft_length(policy, key, offered) if levels is None else len(levels),
                 policy.p_min,
                 target,
                 verifier,
@@ -161,24 +139,43 @@ def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan,
                 rng,
                 work,
                 eos,
+                levels,
             )
-        elif selected is not None:  # the selection is a prefix of the best candidate
-            n_draft = n_first
-            run.tokens[start : start + n_draft] = proposal[:n_draft]
-            if n_draft:
-                _check_proposal_range(
-                    run.tokens[start : start + n_draft], target.vocab_size, names[source]
-                )
-        else:
-            n_draft = draft_length(policy, key, len(proposal)) if len(proposal) else 0
-            if eos is not None and n_draft:
-                hits = np.flatnonzero(proposal[:n_draft] == eos)
-                n_draft = int(hits[0]) + 1 if len(hits) else n_draft
-            run.tokens[start : start + n_draft] = proposal[:n_draft]
-            if n_draft:
-                _check_proposal_range(
-                    run.tokens[start : start + n_draft], target.vocab_size, names[source]
-                )
+            if any(siblings):
+                chain_ids = run.tokens[start : start + n_draft]
+                tree, slots = sampled_tree(chain_ids, siblings, len(levels))
+                laws, weights = work.draft_rows(1, draft_dtype)
+                tree_step = tree, np.ones(len(tree), dtype=bool), (laws[slots], weights[slots])
+        elif tree_step is None:  # a chain of one-hot drafts
+            if selected is not None:  # the selection is a prefix of the best candidate
+                n_draft = n_first
+                run.tokens[start : start + n_draft] = proposal[:n_draft]
+                if n_draft:
+                    _check_proposal_range(
+                        run.tokens[start : start + n_draft], target.vocab_size, names[source]
+                    )
+            else:
+                n_draft = draft_length(policy, key, len(proposal)) if len(proposal) else 0
+                if eos is not None and n_draft:
+                    hits = np.flatnonzero(proposal[:n_draft] == eos)
+                    n_draft = int(hits[0]) + 1 if len(hits) else n_draft
+                run.tokens[start : start + n_draft] = proposal[:n_draft]
+                if n_draft:
+                    _check_proposal_range(
+                        run.tokens[start : start + n_draft], target.vocab_size, names[source]
+                    )
+        if tree_step is not None:
+            tree, selected, draft_rows = tree_step
+            new, n_kept, token, path, seconds, work = _tree_pass(
+                run, start, tree, selected, names[source], target, plan, rng, work, eos, draft_rows
+            )
+            stats.record_step(names[source], int(np.count_nonzero(selected)), n_kept, new)
+            policy.observe_tree(key, tree, selected, path, token, seconds)
+            chain.extend(run.sequence(), new)
+            yield from _pause(run, start)
+            if eos is not None and run.tokens[run.length - 1] == eos:
+                break
+            continue
 
         seconds = target.elapsed
         rows = target.last_rows(run.ids[:, : start + n_draft], n_draft + 1)
@@ -230,6 +227,19 @@ def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan,
             break
 
 
+def _sampled_levels(policy, key, offered: int, plan: Plan) -> list | None:
+    """Nodes per depth of a draft model's tree, as the policy selects them; None: a chain.
+
+    Only when the target scores trees and tokens are drawn at random (greedy draws
+    from one row are all the same token).  The policy chooses the shape before any
+    token is drawn (see :mod:`specdec._model_drafts`).
+    """
+    if plan.tree_width < 2 or plan.controls.temperature == 0.0 or offered == 0:
+        return None
+    shape = DraftTree.sampled_shape(offered, plan.tree_width)
+    return nodes_per_depth(shape, _selection(policy, key, shape, len(shape)))
+
+
 def _cut_after(candidate: np.ndarray, eos: int) -> np.ndarray:
     """``candidate`` up to and including its first ``eos`` (nothing is drafted past it)."""
     hits = np.flatnonzero(candidate == eos)
@@ -255,8 +265,11 @@ def _selection(policy, key, tree: DraftTree, max_tokens: int) -> np.ndarray:
     return mask
 
 
-def _tree_pass(run, start, tree, selected, name, target, plan, rng, work, eos):
+def _tree_pass(run, start, tree, selected, name, target, plan, rng, work, eos, draft_rows=None):
     """Score the selected nodes as one tree, verify them, append the kept path.
+
+    ``draft_rows``: the nodes' draft laws and weights ``(laws, weights)``, one row per node
+    of ``tree``, for sampled drafts; None for one-hot drafts.
 
     Returns ``(new, n_kept, token, path, seconds, work)``: tokens appended, nodes kept,
     the token drawn after them (-1 if dropped: after ``eos`` or at the run's end), the
@@ -266,7 +279,7 @@ def _tree_pass(run, start, tree, selected, name, target, plan, rng, work, eos):
     sub = tree.subtree(selected)
     _check_proposal_range(sub.tokens, target.vocab_size, name)
     seconds = target.elapsed
-    rows = target.tree_rows(run.ids[0, :start], sub.tokens, sub.parents)
+    target_rows = target.tree_rows(run.ids[0, :start], sub.tokens, sub.parents)
     seconds = target.elapsed - seconds
     if target.calls == 1:
         check_token_range(run.prompt, eos, target.vocab_size)
@@ -278,9 +291,14 @@ def _tree_pass(run, start, tree, selected, name, target, plan, rng, work, eos):
         where = "after the sequence" if row == 0 else f"after tree node {row - 1}"
         return f"{target.name}.forward_tree returned {reason} in row {row} ({where})"
 
+    if draft_rows is None:
+        record = Draft(sub.tokens, parents=sub.parents)
+    else:
+        laws, weights = draft_rows
+        record = Draft(sub.tokens, weights[nodes], laws[nodes], sub.parents)
     path, token = plan.verifier.verify_tree(
-        rows,
-        Draft(sub.tokens, parents=sub.parents),
+        target_rows,
+        record,
         controls=plan.controls,
         rng=rng,
         workspace=work,
@@ -305,48 +323,6 @@ def _pause(run: Run, start: int):
     yield run.ids[0, start : run.length]
     run.paused += time.perf_counter() - run.pause_started
     run.pause_started = None
-
-
-def _draft_from_model(
-    draft, run, start, max_tokens, p_min, target, verifier, controls, rng, work, eos
-) -> tuple[int, Workspace, np.dtype | None]:
-    """Sample up to ``max_tokens`` draft tokens from the draft model into the run's buffer.
-
-    Each token's law and weights go to the workspace's draft rows of the draft's
-    dtype.  Stops early at ``eos`` and, with ``p_min``, at a token whose row's top
-    probability is below it (that token is dropped).  Returns the number drafted, the
-    workspace (made at the first draft row, when the vocabulary is known) and the
-    draft rows' dtype (None if no row was read).
-    """
-    n_draft = 0
-    dtype = None
-    while n_draft < max_tokens:
-        position = start + n_draft
-        row = draft.last_rows(run.ids[:, :position], 1)[0]
-        if work is None:  # first call: the vocabulary and the dtype are known
-            if target.vocab_size is not None:  # declared, or the target was called first
-                check_same_vocab(draft.vocab_size, target.vocab_size)
-            check_token_range(run.prompt, eos, draft.vocab_size)
-            work = verifier.workspace(draft.vocab_size)
-        _check_draft_row(row, work)
-        dtype = row.dtype
-        laws, weights = work.draft_rows(max_tokens, dtype)
-        token = verifier.sample(
-            row,
-            slot=n_draft,
-            controls=controls,
-            rng=rng,
-            workspace=work,
-            name_row=draft.row_namer(position - 1),
-        )
-        if p_min > 0.0 and controls.temperature > 0.0:
-            if float(weights[n_draft].max()) / laws[n_draft]["total"] < p_min:
-                break
-        run.tokens[position] = token
-        n_draft += 1
-        if token == eos:
-            break
-    return n_draft, work, dtype
 
 
 def sample_plainly(run: Run, *, target: ModelCaller, verifier: Verifier, controls, rng, eos):

@@ -84,6 +84,35 @@ class DraftTree:
                 node = child
         return cls(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64))
 
+    @classmethod
+    def sampled_shape(cls, depth: int, width: int) -> DraftTree:
+        """The shape of a draft model's tree before its tokens are drawn (tokens -1).
+
+        A chain of ``depth`` nodes (nodes ``0 .. depth - 1``), then at each depth
+        ``width - 1`` siblings of that depth's chain node, drawn from the same draft law
+        (leaves).  The decoder asks the policy which nodes to verify before it samples
+        any: a choice that saw the drawn tokens would change the output law.
+
+        Parameters
+        ----------
+        depth : int >= 0
+        width : int >= 1
+            Nodes per depth.
+
+        Returns
+        -------
+        DraftTree
+
+        Examples
+        --------
+        >>> DraftTree.sampled_shape(2, 2).parents.tolist()
+        [-1, 0, -1, 0]
+        """
+        chain = np.arange(-1, depth - 1, dtype=np.int64)
+        siblings = np.repeat(chain, width - 1)
+        parents = np.concatenate([chain, siblings])
+        return cls(np.full(len(parents), -1, dtype=np.int64), parents)
+
     def __len__(self) -> int:
         return len(self.tokens)
 
