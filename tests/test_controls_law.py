@@ -59,7 +59,7 @@ import specdec
 from specdec._backend import kernels_for
 from specdec._validation import SamplingControls
 
-N_RUNS = 10_000
+N_RUNS = 6000
 ALPHA = 1e-3
 POWER_ALPHA = 1e-6
 MARGIN = 1e-5

@@ -58,7 +58,7 @@ from toymodels import (
 import specdec
 from specdec._backend import kernels_for
 
-N_RUNS = 10_000
+N_RUNS = 6000
 ALPHA = 1e-3  # a correct sampler fails with this probability (per seed set)
 POWER_ALPHA = 1e-6  # a wrong sampler must be rejected at least this strongly
 
