@@ -884,9 +884,12 @@ def test_generate_stdin_that_is_not_utf8_exits_2_with_one_line(capsys, monkeypat
     [
         [*GENERATE, "--max-tokens", "300", "--prompt", REPEAT],
         [*GENERATE, "--max-tokens", "300", "--prompt", REPEAT, "--json"],
+        # a report smaller than any pipe buffer: it meets the closed pipe only when
+        # flushed, which must happen before exit, not in the interpreter's shutdown
+        [*GENERATE, "--max-tokens", "5", "--prompt", "a", "--json"],
         [*DEMO, "--prompt", REPEAT],
     ],
-    ids=["generate", "generate --json", "demo"],
+    ids=["generate", "generate --json", "short --json", "demo"],
 )
 def test_a_reader_that_leaves_ends_the_command_quietly(model_cache, argv):
     """``specdec generate ... | head -c 20``: no traceback, not even at exit, status 1."""
@@ -895,6 +898,8 @@ def test_a_reader_that_leaves_ends_the_command_quietly(model_cache, argv):
         PYTHONPATH=str(Path(specdec.__file__).parents[1]),
         SPECDEC_CACHE_DIR=str(model_cache),
     )
+    # stdout buffered, as in a plain shell: output may then wait in the buffer for exit
+    env.pop("PYTHONUNBUFFERED", None)
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader has gone before the first write: every write fails
     try:

@@ -134,7 +134,11 @@ def main(argv=None) -> int:
         return exit_.code if isinstance(exit_.code, int) else 2
     try:
         args.validate(args)
-        return args.run(args)
+        status = args.run(args)
+        # Output still in the buffer (a short --json report) would meet a reader that
+        # left only at exit, where Python reports it as an ignored exception, status 120.
+        sys.stdout.flush()
+        return status
     except KeyboardInterrupt:
         # Progress bars clear themselves on the way out (try/finally), so
         # there is nothing to tidy; 128 + SIGINT is what shells expect.
