@@ -145,7 +145,7 @@ def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan,
                 chain_ids = run.tokens[start : start + n_draft]
                 tree, slots = sampled_tree(chain_ids, siblings, len(levels))
                 laws, weights = work.draft_rows(1, draft_dtype)
-                tree_step = tree, np.ones(len(tree), dtype=bool), (laws[slots], weights[slots])
+                tree_step = tree, np.ones(len(tree), dtype=bool), (laws, weights, slots)
         elif tree_step is None:  # a chain of one-hot drafts
             if selected is not None:  # the selection is a prefix of the best candidate
                 n_draft = n_first
@@ -268,8 +268,8 @@ def _selection(policy, key, tree: DraftTree, max_tokens: int) -> np.ndarray:
 def _tree_pass(run, start, tree, selected, name, target, plan, rng, work, eos, draft_rows=None):
     """Score the selected nodes as one tree, verify them, append the kept path.
 
-    ``draft_rows``: the nodes' draft laws and weights ``(laws, weights)``, one row per node
-    of ``tree``, for sampled drafts; None for one-hot drafts.
+    ``draft_rows``: for sampled drafts, ``(laws, weights, rows)``: the workspace's draft
+    buffers and each node's row in them; None for one-hot drafts.
 
     Returns ``(new, n_kept, token, path, seconds, work)``: tokens appended, nodes kept,
     the token drawn after them (-1 if dropped: after ``eos`` or at the run's end), the
@@ -294,8 +294,12 @@ def _tree_pass(run, start, tree, selected, name, target, plan, rng, work, eos, d
     if draft_rows is None:
         record = Draft(sub.tokens, parents=sub.parents)
     else:
-        laws, weights = draft_rows
-        record = Draft(sub.tokens, weights[nodes], laws[nodes], sub.parents)
+        laws, weights, rows = draft_rows
+        index = rows[nodes]
+        n = len(index)
+        if n and index[-1] - index[0] == n - 1:  # rows in node order (a full chain): views
+            index = slice(int(index[0]), int(index[0]) + n)
+        record = Draft(sub.tokens, weights[index], laws[index], sub.parents)
     path, token = plan.verifier.verify_tree(
         target_rows,
         record,
