@@ -55,7 +55,19 @@ def nodes_per_depth(tree: DraftTree, selected: np.ndarray) -> list[int]:
 
 
 def draft_from_model(
-    draft, run, start, max_tokens, p_min, target, verifier, controls, rng, work, eos, levels=None
+    draft,
+    run,
+    start: int,
+    max_tokens: int,
+    *,
+    p_min: float,
+    target,
+    verifier,
+    controls,
+    rng,
+    work,
+    eos,
+    levels=None,
 ) -> tuple[int, Workspace, np.dtype | None, list]:
     """Sample up to ``max_tokens`` draft tokens from the draft model into the run's buffer.
 
