@@ -86,145 +86,186 @@ def draft_length(policy: DraftLengthPolicy, key, offered: int) -> int:
     return int(answer)
 
 
+class _Step(NamedTuple):
+    """What one step drafted: the target pass verifies it, the policy observes it."""
+
+    source: int  # the draft source (an index into the chain's names); -1: none
+    key: tuple  # (source, evidence): the policy's cell
+    n_draft: int  # chain tokens written at run.tokens[start:]; 0 for a tree
+    proposal: np.ndarray | None  # the drafter's proposal; None: the draft model drew
+    tree: DraftTree | None = None  # the tree the policy selected from, if any
+    selected: np.ndarray | None = None  # ... and its selection
+    as_tree: bool = False  # verify the selection as a tree (else: a prefix chain)
+    draft_rows: tuple | None = None  # a sampled tree's (laws, weights, rows)
+    draft_dtype: np.dtype | None = None  # the draft model's rows' dtype
+
+
 def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan, rng, eos):
     """The speculative loop over a checked run: yields each pass's final tokens.
 
     ``draft`` is the chain's draft model wrapped in a :class:`ModelCaller` (None
-    without one).
+    without one).  Each step drafts (:func:`_draft`), is verified as a chain
+    (:func:`_chain_pass`) or a tree (:func:`_tree_pass`), and is observed by the
+    policy after the pass.
     """
-    verifier, controls, policy = plan.verifier, plan.controls, plan.policy
-    prompt, stats, names = run.prompt, run.stats, chain.names
+    policy, stats, names = plan.policy, run.stats, chain.names
     work = None  # this run's buffers, made once the vocabulary is known
     chain.start(run.sequence())
     while run.length < run.limit:
         start = run.length
         max_tokens = min(plan.max_tokens, run.limit - start)
         run.reserve(start + max_tokens + 1)
-        candidates = tree = selected = None
-        if plan.tree_width:
-            candidates = chain.propose_candidates(run.sequence(), max_tokens, plan.tree_width)
-            proposal = candidates[0] if candidates else _NO_PROPOSAL
-        else:
-            proposal = chain.propose(run.sequence(), max_tokens)
-        if len(proposal):
-            source, evidence = chain.last_source, chain.last_evidence
-        elif draft is not None:  # the draft model's turn: sample it
-            source, evidence, proposal = chain.model_source, None, None
-        else:
-            source, evidence = -1, None
-        key = (source, evidence)
-        tree_step = None  # (tree, selected, draft rows or None): a tree to verify
-        if candidates is not None and len(candidates) > 1:
-            if eos is not None:
-                candidates = [_cut_after(c, eos) for c in candidates]
-                proposal = candidates[0]
-            tree = DraftTree.from_candidates(candidates)
-            selected = _selection(policy, key, tree, plan.max_tokens)
-            n_first = int(np.count_nonzero(selected[: len(proposal)]))
-            if np.count_nonzero(selected) > n_first or not selected[:n_first].all():
-                # a tree to verify: the selection leaves the best candidate's path
-                tree_step = tree, selected, None
-        if proposal is None:
-            offered = min(max_tokens, plan.model_max_tokens)
-            levels = _sampled_levels(policy, key, offered, plan)
-            n_draft, work, draft_dtype, siblings = draft_from_model(
-                draft,
-                run,
-                start,
-                draft_length(policy, key, offered) if levels is None else len(levels),
-                p_min=policy.p_min,
-                target=target,
-                verifier=verifier,
-                controls=controls,
-                rng=rng,
-                work=work,
-                eos=eos,
-                levels=levels,
-            )
-            if any(siblings):
-                chain_ids = run.tokens[start : start + n_draft]
-                tree, slots = sampled_tree(chain_ids, siblings, len(levels))
-                laws, weights = work.draft_rows(1, draft_dtype)
-                tree_step = tree, np.ones(len(tree), dtype=bool), (laws, weights, slots)
-        elif tree_step is None:  # a chain of one-hot drafts
-            if selected is not None:  # the selection is a prefix of the best candidate
-                n_draft = n_first
-                run.tokens[start : start + n_draft] = proposal[:n_draft]
-                if n_draft:
-                    _check_proposal_range(
-                        run.tokens[start : start + n_draft], target.vocab_size, names[source]
-                    )
-            else:
-                n_draft = draft_length(policy, key, len(proposal)) if len(proposal) else 0
-                if eos is not None and n_draft:
-                    hits = np.flatnonzero(proposal[:n_draft] == eos)
-                    n_draft = int(hits[0]) + 1 if len(hits) else n_draft
-                run.tokens[start : start + n_draft] = proposal[:n_draft]
-                if n_draft:
-                    _check_proposal_range(
-                        run.tokens[start : start + n_draft], target.vocab_size, names[source]
-                    )
-        if tree_step is not None:
-            tree, selected, draft_rows = tree_step
+        step, work = _draft(run, start, max_tokens, chain, draft, target, plan, rng, work, eos)
+        if step.as_tree:
+            name = names[step.source]
             new, n_kept, token, path, seconds, work = _tree_pass(
-                run, start, tree, selected, names[source], target, plan, rng, work, eos, draft_rows
+                run, start, step, name, target, plan, rng, work, eos
             )
-            stats.record_step(names[source], int(np.count_nonzero(selected)), n_kept, new)
-            policy.observe_tree(key, tree, selected, path, token, seconds)
-            chain.extend(run.sequence(), new)
-            yield from _pause(run, start)
-            if eos is not None and run.tokens[run.length - 1] == eos:
-                break
-            continue
-
-        seconds = target.elapsed
-        rows = target.last_rows(run.ids[:, : start + n_draft], n_draft + 1)
-        seconds = target.elapsed - seconds
-        if target.calls == 1:
-            if draft is not None and draft.vocab_size is not None:
-                check_same_vocab(draft.vocab_size, target.vocab_size)
-            check_token_range(prompt, eos, target.vocab_size)
-        if work is None:
-            work = verifier.workspace(target.vocab_size)
-        drafted = run.tokens[start : start + n_draft]
-        if target.calls == 1 and n_draft and proposal is not None:
-            _check_proposal_range(drafted, target.vocab_size, names[source])
-        if proposal is None and n_draft:
-            laws, weights = work.draft_rows(n_draft, draft_dtype)
-            record = Draft(drafted, weights, laws)
+            stats.record_step(name, int(np.count_nonzero(step.selected)), n_kept, new)
+            policy.observe_tree(step.key, step.tree, step.selected, path, token, seconds)
         else:
-            record = Draft(drafted)
-        bonus = (n_draft == 0 or drafted[-1] != eos) and start + n_draft < run.limit
-        n_kept, token = verifier.verify(
-            rows,
-            record,
-            bonus=bonus,
-            # One-hot drafts keep exactly as many tokens in expectation under both
-            # schemes (tests/test_block.py), and token verification costs less.
-            block=plan.block and not record.one_hot,
-            controls=controls,
-            rng=rng,
-            workspace=work,
-            name_row=target.row_namer(start - 1),
-        )
-        new = n_kept
-        if token >= 0:
-            run.tokens[start + n_kept] = token
-            new += 1
-        run.length = start + new
-        stats.record_step(names[source] if n_draft else None, n_draft, n_kept, new)
-
-        if selected is not None:
-            policy.observe_tree(key, tree, selected, np.arange(n_kept), token, seconds)
-        elif source >= 0:
-            shadow = None
-            if proposal is not None and len(proposal) > n_draft == n_kept and token >= 0:
-                shadow = bool(token == proposal[n_draft])
-            policy.observe(key, n_draft, n_kept, seconds, shadow)
+            new, n_kept, token, seconds, work = _chain_pass(
+                run, start, step, names, draft, target, plan, rng, work, eos
+            )
+            stats.record_step(
+                names[step.source] if step.n_draft else None, step.n_draft, n_kept, new
+            )
+            _observe_chain(policy, step, n_kept, token, seconds)
         chain.extend(run.sequence(), new)
         yield from _pause(run, start)
         if eos is not None and run.tokens[run.length - 1] == eos:
             break
+
+
+def _draft(run, start, max_tokens, chain, draft, target, plan, rng, work, eos):
+    """Ask the draft sources, let the policy size the draft, write its chain's tokens.
+
+    Returns ``(step, work)``: the :class:`_Step` and the workspace (made here when the
+    draft model is the first model evaluated).
+    """
+    policy = plan.policy
+    candidates = None
+    if plan.tree_width:
+        candidates = chain.propose_candidates(run.sequence(), max_tokens, plan.tree_width)
+        proposal = candidates[0] if candidates else _NO_PROPOSAL
+    else:
+        proposal = chain.propose(run.sequence(), max_tokens)
+    if not len(proposal):
+        if draft is None:
+            return _Step(-1, (-1, None), 0, proposal), work
+        return _draft_from_model(run, start, max_tokens, chain, draft, target, plan, rng, work, eos)
+    source = chain.last_source
+    key = (source, chain.last_evidence)
+    if candidates is not None and len(candidates) > 1:
+        if eos is not None:
+            candidates = [_cut_after(c, eos) for c in candidates]
+            proposal = candidates[0]
+        tree = DraftTree.from_candidates(candidates)  # the best candidate: nodes 0, 1, ...
+        selected = _selection(policy, key, tree, plan.max_tokens)
+        n_first = int(np.count_nonzero(selected[: len(proposal)]))
+        if np.count_nonzero(selected) > n_first or not selected[:n_first].all():
+            return _Step(source, key, 0, proposal, tree, selected, as_tree=True), work
+        # the selection is a prefix of the best candidate: verified as a chain
+        n_draft = n_first
+        step = _Step(source, key, n_draft, proposal, tree, selected)
+    else:
+        n_draft = draft_length(policy, key, len(proposal))
+        if eos is not None and n_draft:
+            hits = np.flatnonzero(proposal[:n_draft] == eos)
+            n_draft = int(hits[0]) + 1 if len(hits) else n_draft
+        step = _Step(source, key, n_draft, proposal)
+    if n_draft:
+        run.tokens[start : start + n_draft] = proposal[:n_draft]
+        _check_proposal_range(
+            run.tokens[start : start + n_draft], target.vocab_size, chain.names[source]
+        )
+    return step, work
+
+
+def _draft_from_model(run, start, max_tokens, chain, draft, target, plan, rng, work, eos):
+    """The draft model's turn: a sampled chain, or a tree when the policy selects one."""
+    policy = plan.policy
+    key = (chain.model_source, None)
+    offered = min(max_tokens, plan.model_max_tokens)
+    levels = _sampled_levels(policy, key, offered, plan)
+    n_draft, work, dtype, siblings = draft_from_model(
+        draft,
+        run,
+        start,
+        draft_length(policy, key, offered) if levels is None else len(levels),
+        p_min=policy.p_min,
+        target=target,
+        verifier=plan.verifier,
+        controls=plan.controls,
+        rng=rng,
+        work=work,
+        eos=eos,
+        levels=levels,
+    )
+    if not any(siblings):
+        return _Step(key[0], key, n_draft, None, draft_dtype=dtype), work
+    tree, rows = sampled_tree(run.tokens[start : start + n_draft], siblings, len(levels))
+    laws, weights = work.draft_rows(1, dtype)  # the buffers; rows says which node is where
+    every = np.ones(len(tree), dtype=bool)
+    step = _Step(key[0], key, 0, None, tree, every, True, (laws, weights, rows), dtype)
+    return step, work
+
+
+def _chain_pass(run, start, step, names, draft, target, plan, rng, work, eos):
+    """Score the step's chain in one target pass, verify it, append what is kept.
+
+    Returns ``(new, n_kept, token, seconds, work)``: tokens appended, drafts kept, the
+    token drawn after them (-1 if none), the target's time, and the workspace.
+    """
+    n_draft, verifier = step.n_draft, plan.verifier
+    seconds = target.elapsed
+    rows = target.last_rows(run.ids[:, : start + n_draft], n_draft + 1)
+    seconds = target.elapsed - seconds
+    if target.calls == 1:
+        if draft is not None and draft.vocab_size is not None:
+            check_same_vocab(draft.vocab_size, target.vocab_size)
+        check_token_range(run.prompt, eos, target.vocab_size)
+    if work is None:
+        work = verifier.workspace(target.vocab_size)
+    drafted = run.tokens[start : start + n_draft]
+    if target.calls == 1 and n_draft and step.proposal is not None:
+        _check_proposal_range(drafted, target.vocab_size, names[step.source])
+    if step.proposal is None and n_draft:
+        laws, weights = work.draft_rows(n_draft, step.draft_dtype)
+        record = Draft(drafted, weights, laws)
+    else:
+        record = Draft(drafted)
+    bonus = (n_draft == 0 or drafted[-1] != eos) and start + n_draft < run.limit
+    n_kept, token = verifier.verify(
+        rows,
+        record,
+        bonus=bonus,
+        # One-hot drafts keep exactly as many tokens in expectation under both
+        # schemes (tests/test_block.py), and token verification costs less.
+        block=plan.block and not record.one_hot,
+        controls=plan.controls,
+        rng=rng,
+        workspace=work,
+        name_row=target.row_namer(start - 1),
+    )
+    new = n_kept
+    if token >= 0:
+        run.tokens[start + n_kept] = token
+        new += 1
+    run.length = start + new
+    return new, n_kept, token, seconds, work
+
+
+def _observe_chain(policy, step: _Step, n_kept: int, token: int, seconds: float) -> None:
+    """Tell the policy what a chain's pass kept (a source's free shadow included)."""
+    if step.selected is not None:  # a prefix of a tree of candidates
+        policy.observe_tree(step.key, step.tree, step.selected, np.arange(n_kept), token, seconds)
+    elif step.source >= 0:
+        shadow = None  # was the token after the verified drafts the proposal's next one?
+        proposal, n_draft = step.proposal, step.n_draft
+        if proposal is not None and len(proposal) > n_draft == n_kept and token >= 0:
+            shadow = bool(token == proposal[n_draft])
+        policy.observe(step.key, n_draft, n_kept, seconds, shadow)
 
 
 def _sampled_levels(policy, key, offered: int, plan: Plan) -> list | None:
@@ -265,18 +306,18 @@ def _selection(policy, key, tree: DraftTree, max_tokens: int) -> np.ndarray:
     return mask
 
 
-def _tree_pass(run, start, tree, selected, name, target, plan, rng, work, eos, draft_rows=None):
-    """Score the selected nodes as one tree, verify them, append the kept path.
+def _tree_pass(run, start, step: _Step, name, target, plan, rng, work, eos):
+    """Score the step's selected nodes as one tree, verify them, append the kept path.
 
-    ``draft_rows``: for sampled drafts, ``(laws, weights, rows)``: the workspace's draft
-    buffers and each node's row in them; None for one-hot drafts.
+    ``step.draft_rows``: for sampled drafts, ``(laws, weights, rows)``: the workspace's
+    draft buffers and each node's row in them; None for one-hot drafts.
 
     Returns ``(new, n_kept, token, path, seconds, work)``: tokens appended, nodes kept,
     the token drawn after them (-1 if dropped: after ``eos`` or at the run's end), the
     kept nodes as indices of ``tree``, the target's time, and the workspace.
     """
-    nodes = np.flatnonzero(selected)
-    sub = tree.subtree(selected)
+    nodes = np.flatnonzero(step.selected)
+    sub = step.tree.subtree(step.selected)
     _check_proposal_range(sub.tokens, target.vocab_size, name)
     seconds = target.elapsed
     target_rows = target.tree_rows(run.ids[0, :start], sub.tokens, sub.parents)
@@ -291,10 +332,10 @@ def _tree_pass(run, start, tree, selected, name, target, plan, rng, work, eos, d
         where = "after the sequence" if row == 0 else f"after tree node {row - 1}"
         return f"{target.name}.forward_tree returned {reason} in row {row} ({where})"
 
-    if draft_rows is None:
+    if step.draft_rows is None:
         record = Draft(sub.tokens, parents=sub.parents)
     else:
-        laws, weights, rows = draft_rows
+        laws, weights, rows = step.draft_rows
         index = rows[nodes]
         n = len(index)
         if n and index[-1] - index[0] == n - 1:  # rows in node order (a full chain): views
