@@ -35,6 +35,7 @@ import pytest
 import specdec
 from specdec import models
 from specdec.drafters import Chain, NGram, PromptLookup
+from specdec.drafters.cost import DEFAULT_COST_CURVE
 
 REQUIRE_MODELS = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
 
@@ -458,7 +459,12 @@ def test_transformers_work_is_linear(tiny_lms, tf_prompt):
 # One thread for single tokens and for batches: llama.cpp's threads wait for each other
 # at every step, and on a loaded machine a second thread made these tests several times
 # slower (a batch-invariance check: 135 s with 2 batch threads, 20 s with 1, load 8).
-LLAMA_KW = dict(n_ctx=1024, n_threads=1, n_threads_batch=1, seed=0, verbose=False)
+# A fixed cost curve: a measured one depends on the load (another test process on the
+# other core made every batch look dear and the policy draft nothing), and these tests
+# need the same drafts on every machine.  tests/test_calibration.py measures curves.
+LLAMA_KW = dict(
+    n_ctx=1024, n_threads=1, n_threads_batch=1, seed=0, verbose=False, cost_curve=DEFAULT_COST_CURVE
+)
 SMOL_VOCAB = 49152
 
 PROMPT_TEXT = "Once upon a time, in a small village by the sea, there lived"

@@ -49,6 +49,12 @@ def no_calls(*ms):
     return all(m.calls == 0 for m in ms)
 
 
+def _stable_repr(value) -> str:
+    """A test id that is the same in every process (no object address in it)."""
+    text = repr(value)
+    return type(value).__name__ if " at 0x" in text else text
+
+
 # --- constructor arguments ----------------------------------------------------------------
 
 BAD_INIT = [
@@ -102,7 +108,7 @@ BAD_INIT = [
 @pytest.mark.parametrize(
     "kwargs, error",
     BAD_INIT,
-    ids=[f"{next(iter(k))}={next(iter(k.values()))!r}" for k, _ in BAD_INIT],
+    ids=[f"{next(iter(k))}={_stable_repr(next(iter(k.values())))}" for k, _ in BAD_INIT],
 )
 def test_bad_decoder_argument(backend, kwargs, error):
     (name,) = kwargs
@@ -184,7 +190,7 @@ BAD_GENERATE = [
 @pytest.mark.parametrize(
     "kwargs, error, match",
     BAD_GENERATE,
-    ids=[f"{k}={v!r}"[:40] for kw, _, _ in BAD_GENERATE for k, v in kw.items()],
+    ids=[f"{k}={_stable_repr(v)}"[:40] for kw, _, _ in BAD_GENERATE for k, v in kw.items()],
 )
 def test_bad_generate_argument_before_any_call(backend, kwargs, error, match):
     draft, target = models()
