@@ -28,7 +28,15 @@ what the greedy answer does.
 
 from __future__ import annotations
 
-__all__ = ["INPUT_GROUNDED", "OPEN_ENDED", "PROMPT_SETS", "SYSTEM", "chat", "ngram_training_texts"]
+__all__ = [
+    "INPUT_GROUNDED",
+    "OPEN_ENDED",
+    "PROMPT_SETS",
+    "SYSTEM",
+    "TUNING_SETS",
+    "chat",
+    "ngram_training_texts",
+]
 
 #: The template's default system message (used when a conversation has none).
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -158,6 +166,76 @@ OPEN_ENDED: dict[str, str] = {
     "explain_internet": chat("How does the internet work? Explain it simply."),
     "story_robot": chat("Tell me a story about a robot who learns to cook."),
     "advice_interview": chat("What should I do to prepare for a job interview?"),
+}
+
+_SQL = """\
+SELECT customers.name, orders.total
+FROM customers
+JOIN orders ON orders.customer_id = customers.id
+WHERE orders.total > 100
+ORDER BY orders.total DESC;
+"""
+
+_CLASS = """\
+class Counter:
+    def __init__(self):
+        self.counts = {}
+
+    def add(self, word):
+        self.counts[word] = self.counts.get(word, 0) + 1
+
+    def most_common(self):
+        return max(self.counts, key=self.counts.get)
+"""
+
+_RECIPE = """\
+1. Preheat the oven to 180 degrees.
+2. Mix the flour, the sugar and the butter in a large bowl.
+3. Add two eggs and stir until the dough is smooth.
+4. Pour the dough into a round tin and bake for forty minutes.
+5. Let the cake cool before you cut it.
+"""
+
+_NOTICE = """\
+The library will be closed on Monday for maintenance of the heating system. \
+Books that are due on Monday can be returned on Tuesday without a late fee. \
+The reading room on the first floor will open again on Wednesday morning. \
+We are sorry for the inconvenience and thank you for your patience."""
+
+#: A second, held-out pair of sets (same kinds of task, other texts) for tuning
+#: drafting policies offline (``bench/replay_drafting.py``): a policy tuned on these is
+#: judged on :data:`PROMPT_SETS`, which it never saw.
+TUNING_SETS: dict[str, dict[str, str]] = {
+    "tuning-grounded": {
+        "repeat_sql": chat("```sql\n" + _SQL + "```\nRepeat this query exactly."),
+        "edit_class": chat(
+            "```python\n" + _CLASS + "```\nRepeat this class, and add a method `total` "
+            "that returns the sum of the counts."
+        ),
+        "copy_recipe": chat(
+            "Here is a recipe:\n\n" + _RECIPE + "\nWrite the recipe again, step by step."
+        ),
+        "quote_notice": chat(
+            "Here is a notice:\n\n" + _NOTICE + "\n\nQuote the notice exactly, word for word."
+        ),
+        "csv_to_json": chat(
+            "Convert this data to a JSON list of objects:\n\n" + _CSV.split("Sao")[0]
+        ),
+        "list_more": chat(
+            "Continue this list with five more animals, in exactly the same style:\n\n"
+            "- Cat: a small furry animal that lives with people and likes to sleep.\n"
+            "- Dog: a loyal animal that lives with people and likes to play.\n"
+            "- Horse: a large strong animal that lives on farms and likes to run.\n"
+        ),
+    },
+    "tuning-open": {
+        "poem_sea": chat("Write a short poem about the sea at night."),
+        "explain_seasons": chat("Why do we have seasons? Explain it simply."),
+        "advice_study": chat("How can I study better for my exams?"),
+        "story_cat": chat("Tell me a story about a cat who finds a secret door."),
+        "explain_bread": chat("How is bread made? Explain the steps."),
+        "advice_garden": chat("What should I plant in a small garden in spring?"),
+    },
 }
 
 PROMPT_SETS: dict[str, dict[str, str]] = {
