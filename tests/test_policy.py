@@ -125,8 +125,9 @@ def test_priors_fit_copies_and_spurious_matches():
     assert flat.length((0, 16), 16) == 16
 
 
-def test_rejections_at_a_position_shorten_the_drafts():
-    policy = PositionalDraftLength(target_cost=[1.0, 1.1, 1.2, 1.3])
+@pytest.mark.parametrize("offset_rate", [0.0, 0.6])
+def test_rejections_at_a_position_shorten_the_drafts(offset_rate):
+    policy = PositionalDraftLength(target_cost=[1.0, 1.1, 1.2, 1.3], offset_rate=offset_rate)
     policy.start(16)
     key = (0, 8)
     initial = policy.length(key, 16)
@@ -134,9 +135,51 @@ def test_rejections_at_a_position_shorten_the_drafts():
     for _ in range(30):  # tokens 1 and 2 are kept, token 3 never is
         policy.observe(key, 5, 2, 0.0, None)
     assert policy.length(key, 16) == 2
-    assert policy.length((0, 9), 16) >= initial  # other evidence is another cell
+    if offset_rate == 0.0:  # other evidence is another cell...
+        assert policy.length((0, 9), 16) >= initial
+    else:  # ... whose prior the source's offset has lowered
+        assert policy.offset(0) < 0.0
+        assert policy.length((0, 9), 16) < initial
+    assert policy.length((1, 9), 16) >= initial  # another source is untouched
     policy.reset()
+    assert policy.offset(0) == 0.0
     assert policy.length(key, 16) == initial
+
+
+def test_a_sources_offset_follows_the_text_before_each_cell_is_observed():
+    """Failed drafts at some evidence lower the priors of every evidence of the source
+    (open text), kept ones raise them (a copy); a draft model's source has no offset."""
+    curve = [1.0, 1.6, 1.9, 2.2, 2.5, 2.8]
+    failing, copying = (
+        PositionalDraftLength(target_cost=curve),
+        PositionalDraftLength(target_cost=curve),
+    )
+    for policy in (failing, copying):
+        policy.start(16)
+    prior_3 = failing.acceptance((0, 3))
+    assert failing.length((0, 3), 16) > 0  # a 3-token match drafts on the prior
+    for _ in range(6):
+        failing.observe((0, 2), 1, 0, 0.0, None)  # 2-token matches: never kept
+        failing.observe((0, 1), 0, 0, 0.0, False)  # 1-token: never right (shadow)
+        copying.observe((0, 2), 2, 2, 0.0, True)  # kept, and the next token too
+    assert failing.offset(0) < -1.0 < 1.0 < copying.offset(0)
+    # the 3-token cell was never observed: only the offset moved its estimate
+    assert failing.acceptance((0, 3)) < prior_3 < copying.acceptance((0, 3))
+    assert failing.length((0, 3), 16) == 0
+    low, high = PositionalDraftLength.OFFSET_BOUNDS
+    for _ in range(200):
+        failing.observe((0, 3), 1, 0, 0.0, None)
+        copying.observe((0, 3), 3, 3, 0.0, True)
+    assert failing.offset(0) == low and copying.offset(0) == high
+    model = PositionalDraftLength()
+    model.observe((1, None), 3, 0, 0.0, None)
+    assert model.offset(1) == 0.0
+
+
+@pytest.mark.parametrize("rate", [-0.1, float("inf"), "fast", True])
+def test_bad_offset_rate_is_a_clear_error(rate):
+    with pytest.raises(ValueError, match="offset_rate must be a finite number >= 0"):
+        PositionalDraftLength(offset_rate=rate)
 
 
 def test_shadow_observations_teach_the_next_position():
