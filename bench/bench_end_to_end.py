@@ -392,7 +392,9 @@ class Bench:
         return copy.deepcopy(self._ngram)
 
     def drafter(self, kind: str):
-        if kind in ("lookup", "lookup-tree", "lookup-heuristic", "lookup-fixed", "lookup-min2"):
+        if kind == "lookup-fixed":  # the peers' fixed length (HF's and llama-cpp-python's)
+            return PromptLookup(num_tokens=10)
+        if kind in ("lookup", "lookup-tree", "lookup-heuristic", "lookup-min2"):
             return PromptLookup()
         if kind == "suffix":
             return SuffixDrafter()

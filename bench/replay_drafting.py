@@ -307,7 +307,7 @@ KINDS = {
     # name: (drafter factory, decoder keyword arguments, oracle?, trees of candidates?)
     "lookup": (PromptLookup, {}, False, False),
     "lookup-tree": (PromptLookup, {}, False, True),
-    "lookup-fixed": (PromptLookup, {"draft_length": "fixed"}, False, False),
+    "lookup-fixed": (lambda: PromptLookup(num_tokens=10), {"draft_length": "fixed"}, False, False),
     "suffix": (SuffixDrafter, {}, False, False),
     "suffix-tree": (SuffixDrafter, {}, False, True),
     "oracle": (PromptLookup, {"draft_length": "fixed"}, True, False),

@@ -89,7 +89,7 @@ class SpeculativeDecoder:
     gamma : int, default 4
         Draft tokens proposed per target pass (with an adaptive draft length: the most).
         Unless it is set explicitly, a deterministic drafter is capped by its own
-        ``num_tokens`` instead (``PromptLookup(num_tokens=10)`` drafts up to 10); the
+        ``num_tokens`` instead (``PromptLookup(num_tokens=16)`` drafts up to 16); the
         default 4 still caps a draft model.
     temperature : float, default 1.0
         Sampling temperature of both models.  0 is exact greedy decoding: a draft is
