@@ -116,13 +116,14 @@ class PrefixCachedModel(abc.ABC):
         A read-only 1-D float64 array; element 0 is 1.0.  Given at creation
         (``cost_curve=...``), or measured on first access by a short calibration
         (a warm-up, then five interleaved rounds of passes over 1, 2, 3, 4, 5, 6,
-        8, 10, 12 and 16 tokens, medians, the other sizes interpolated; one to a
-        few seconds, said once through the ``logging`` logger ``specdec.models`` at
-        INFO level).  The calibration evaluates on top of the cache's current
-        content and rolls the cache back afterwards, and its result is kept for the
-        process per model and thread setting, so other adapters of the same model
-        and setting reuse it.  Draft-length policies read it to decide how many
-        drafted tokens pay.
+        8, 10, 12 and 16 tokens, each timed with the one-token pass that follows it,
+        as in decoding, where that pass pays for the batch before it; medians, the
+        other sizes interpolated; one to a few seconds, said once through the
+        ``logging`` logger ``specdec.models`` at INFO level).  The calibration
+        evaluates on top of the cache's current content and rolls the cache back
+        afterwards, and its result is kept for the process per model and thread
+        setting, so other adapters of the same model and setting reuse it.
+        Draft-length policies read it to decide how many drafted tokens pay.
 
         Returns
         -------
