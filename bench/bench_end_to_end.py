@@ -61,7 +61,9 @@ How it measures
   back).  Speed is generated tokens over wall time.
 * Every model is warmed up first (the mmapped weights fault in on first use), and the
   run kinds are interleaved (repeat, prompt, temperature, kind) so that a change of
-  machine load hits all kinds alike.  Each cell is the median over its repeats; a
+  machine load hits all kinds alike; the kinds' order rotates from one prompt and
+  repeat to the next, so that each kind runs first (right after the prompt's prefill)
+  as often as the others.  Each cell is the median over its repeats; a
   kind's ratio is the geometric mean over the prompts of its per-prompt ratio to the
   baseline (``specdec.sample`` on the same backend).  Repeat ``r`` samples with seed
   ``r`` in every kind.
@@ -596,23 +598,27 @@ class Bench:
         """Time of a target pass over k new tokens relative to one token (median of rounds).
 
         The pass extends the first prompt by k tokens, from a cache holding the prompt,
-        through the same adapter the decoder uses; the sizes are interleaved.
+        through the same adapter the decoder uses; the sizes are interleaved.  As in
+        the adapters' calibration, each pass comes after a one-token pass and is timed
+        with the one-token pass that follows it (which pays for a batch before it).
         """
         model = self.target if backend == "llama" else self.hf_target
         prompt = self.prompt_ids[self.config.prompt_items()[0][1]]
         length = len(prompt)
-        seq = np.asarray([prompt + prompt[: max(sizes)]])
+        seq = np.asarray([prompt + prompt[: max(sizes) + 2]])
         times: dict = {k: [] for k in sizes}
         for _ in range(rounds):
             for k in sizes:
                 model.forward(seq[:, :length], logits_to_keep=1)  # roll back to the prompt
+                model.forward(seq[:, : length + 1], logits_to_keep=1)
                 start = time.perf_counter()
-                model.forward(seq[:, : length + k], logits_to_keep=k)
+                model.forward(seq[:, : length + 1 + k], logits_to_keep=k)
+                model.forward(seq[:, : length + 2 + k], logits_to_keep=1)
                 times[k].append(time.perf_counter() - start)
-        one = statistics.median(times[1])
+        one = statistics.median(times[1]) / 2.0
         return {
             "one_token_ms": one * 1e3,
-            "relative": {k: statistics.median(times[k]) / one for k in sizes},
+            "relative": {k: (statistics.median(times[k]) - one) / one for k in sizes},
         }
 
     def warm_up(self, backend: str) -> None:
@@ -764,10 +770,15 @@ def run_all(config: Config, progress=print, checkpoint=None) -> tuple[list[Recor
     items = config.prompt_items()
     started = time.perf_counter()
     for repeat in range(config.repeats):
-        for set_name, name, _ in items:
+        for index, (set_name, name, _) in enumerate(items):
             for backend in backends:
                 for temperature in config.temperatures:
-                    for kind in config.kinds_for(backend, temperature):
+                    kinds = config.kinds_for(backend, temperature)
+                    # Rotated, so that every system runs first (right after the prompt's
+                    # prefill) as often as the others: a position in the round is not a
+                    # property of the system.
+                    turn = (repeat + index) % len(kinds)
+                    for kind in kinds[turn:] + kinds[:turn]:
                         records.append(
                             bench.run(backend, set_name, name, temperature, kind, repeat)
                         )
