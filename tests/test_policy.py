@@ -307,3 +307,45 @@ def test_fixed_policy_still_drafts_gamma_with_a_draft_model(backend):
     policy = FixedDraftLength()
     policy.start(4)
     assert policy.length((0, None), 10) == 4
+
+
+def test_length_stops_early_but_answers_as_the_full_search():
+    """length() stops once no longer draft can pay; its answer is the full search's."""
+    import random
+
+    def full_search(policy, key, offered):
+        offered = min(offered, policy._max)
+        a = policy.acceptances(key, offered)
+        best_n, best_rate, expected, survive = 0, -1.0, 1.0, 1.0
+        for n in range(offered + 1):
+            if n:
+                survive *= a[n - 1]
+                expected += survive
+            if n >= policy.min_tokens:
+                rate = expected / (policy.cost(n) + policy.draft_cost * n)
+                if rate > best_rate * (1.0 + 1e-9):
+                    best_n, best_rate = n, rate
+        return best_n
+
+    rng = random.Random(5)
+    checked = 0
+    for _ in range(300):
+        curve = [1.0] + [rng.uniform(1.0, 1.0 + 0.8 * i) for i in range(1, rng.randint(2, 17))]
+        if rng.random() < 0.5:
+            curve = list(np.maximum.accumulate(curve))  # measured curves never decrease
+        policy = PositionalDraftLength(
+            min_tokens=rng.choice([0, 0, 1, 3]),
+            target_cost=curve,
+            draft_cost=rng.choice([0.0, 0.0, 0.05]),
+        )
+        policy.start(rng.randint(1, 24))
+        for _ in range(rng.randint(0, 30)):  # some history
+            key = (rng.randint(0, 1), rng.choice([None, 1, 2, 3, 8, 20]))
+            drafted = rng.randint(0, 6)
+            policy.observe(key, drafted, rng.randint(0, drafted), 0.0, rng.random() < 0.5)
+        for evidence in (None, 1, 2, 3, 5, 12, 32):
+            key, offered = (rng.randint(0, 1), evidence), rng.randint(1, 24)
+            policy._idle.clear()  # no probe: compare the searches alone
+            assert policy.length(key, offered) == full_search(policy, key, offered)
+            checked += 1
+    assert checked == 2100

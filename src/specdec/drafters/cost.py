@@ -17,7 +17,8 @@ Where the curve comes from, first found wins:
    ``n + 1`` tokens costs ``1 + overhead + per_token * n`` for n >= 1;
 4. :data:`DEFAULT_COST_CURVE`.
 
-A curve is extended beyond its end linearly, with the slope of its last segment.
+A curve is extended beyond its end linearly, with the slope of its last segment (flat if
+that segment falls).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "CostCurve",
     "check_target_cost",
     "chosen_cost",
+    "suffix_minima",
 ]
 
 #: The legacy default ``(overhead, per_token)``: a pass over n drafts and one token costs
@@ -56,8 +58,8 @@ class CostCurve:
     values : 1-D sequence of float
         ``values[i]`` is the cost of a pass over ``i + 1`` tokens; ``values[0]`` must be
         1.0, every value finite and > 0.  Beyond its end the curve grows linearly with
-        the slope of its last segment (with one value only: one unit per token, the
-        cautious guess).
+        the slope of its last segment, or stays flat if that segment falls (with one
+        value only: one unit per token, the cautious guess).
     name : str, default "cost curve"
         How errors name the argument.
 
@@ -70,7 +72,7 @@ class CostCurve:
     1.0
     """
 
-    __slots__ = ("_values", "_slope", "_pair", "_resolve", "_table")
+    __slots__ = ("_values", "_slope", "_pair", "_resolve", "_table", "_floor")
 
     def __init__(self, values, name: str = "cost curve") -> None:
         self._pair = None
@@ -80,7 +82,8 @@ class CostCurve:
     def _set(self, values: tuple) -> None:
         self._table = None
         self._values = values
-        self._slope = values[-1] - values[-2] if len(values) > 1 else 1.0
+        # never downwards: a curve whose last segment falls would reach zero cost
+        self._slope = max(values[-1] - values[-2], 0.0) if len(values) > 1 else 1.0
 
     @classmethod
     def from_pair(cls, overhead: float, per_token: float, name: str = "cost pair") -> CostCurve:
@@ -156,8 +159,18 @@ class CostCurve:
         """``[drafts(0), ..., drafts(n_max)]`` (kept: policies ask on every step)."""
         table = self._table
         if table is None or len(table) <= n_max:
-            table = self._table = [self.drafts(n) for n in range(max(n_max, 16) + 1)]
+            table = [self.drafts(n) for n in range(max(n_max, 16) + 1)]
+            self._table, self._floor = table, suffix_minima(table)
         return table
+
+    def drafts_floor(self, n_max: int) -> list:
+        """``floor[n]``: the least of ``drafts(m)`` for ``m >= n`` in the kept table.
+
+        At least ``n_max + 1`` entries; a lower bound of every pass over ``n`` drafts
+        or more up to ``n_max``, for policies that stop looking early.
+        """
+        self.drafts_table(n_max)
+        return self._floor
 
     def __repr__(self) -> str:
         if self._values is None:
@@ -291,3 +304,22 @@ def chosen_cost(own, model_cost) -> CostCurve:
     if not isinstance(model_cost, CostCurve):
         return check_target_cost(model_cost, "the target model's cost")
     return model_cost
+
+
+def suffix_minima(costs) -> list:
+    """``floor[n] = min(costs[n:])``: the cheapest of the passes from ``n`` on.
+
+    Parameters
+    ----------
+    costs : sequence of float
+
+    Returns
+    -------
+    list of float
+        As long as ``costs``; ``costs`` itself (as a list) when it never decreases.
+    """
+    floor = list(costs)
+    for n in range(len(floor) - 2, -1, -1):
+        if floor[n + 1] < floor[n]:
+            floor[n] = floor[n + 1]
+    return floor

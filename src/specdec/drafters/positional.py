@@ -8,6 +8,7 @@ the calls, the ``(source, evidence)`` key, what is kept across ``generate`` call
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 
 import numpy as np
@@ -19,6 +20,7 @@ from specdec.drafters.cost import (
     PassTimer,
     check_target_cost,
     chosen_cost,
+    suffix_minima,
 )
 from specdec.drafters.length import NO_TALLY, DraftLengthPolicy
 from specdec.drafters.tree import DraftTree
@@ -227,6 +229,10 @@ class PositionalDraftLength(DraftLengthPolicy):
         list of float
             ``[a(1), ..., a(n)]``, each in (0, 1).
         """
+        return list(itertools.islice(self._estimates(key), n))
+
+    def _estimates(self, key):
+        """:meth:`acceptances` one position at a time, for as long as the caller asks."""
         source, evidence = key if isinstance(key, tuple) and len(key) == 2 else (key, None)
         bucket = None
         if evidence is not None:
@@ -234,16 +240,17 @@ class PositionalDraftLength(DraftLengthPolicy):
             bucket = self._bucket(evidence)
         cells, strength, last = self._cells, self.prior_strength, self.MAX_POSITION
         priors = self._priors.get(evidence)
-        if priors is None or len(priors) < n:
-            priors = self._priors[evidence] = [
-                self.prior(evidence, i) for i in range(1, max(n, last) + 1)
-            ]
+        if priors is None:
+            priors = self._priors[evidence] = [self.prior(evidence, i) for i in range(1, last + 1)]
         odds = math.exp(self._offsets.get(source, 0.0)) if bucket is not None else 1.0
-        estimates, previous = [], 0.0
-        for position in range(1, n + 1):
+        previous = 0.0
+        for position in itertools.count(1):
             # A position not observed yet borrows from the one before it: once tokens
             # 1..i-1 are kept, token i is at least as likely to be (max with the prior).
-            prior = priors[position - 1]
+            if position <= last:
+                prior = priors[position - 1]
+            else:
+                prior = self.prior(evidence, position)
             if odds != 1.0:  # the source's offset, in odds: p w / (1 - p + p w)
                 prior = prior * odds / (1.0 - prior + prior * odds)
             if previous > prior:
@@ -253,8 +260,7 @@ class PositionalDraftLength(DraftLengthPolicy):
                 previous = prior
             else:
                 previous = (cell.kept + strength * prior) / (cell.tested + strength)
-            estimates.append(previous)
-        return estimates
+            yield previous
 
     def acceptance(self, key, position: int = 1) -> float:
         """Estimated chance that draft token ``position`` is kept, given the ones before.
@@ -293,23 +299,31 @@ class PositionalDraftLength(DraftLengthPolicy):
         offered = min(offered, self._max)
         if offered <= 0:
             return 0
-        best_n, best_rate = 0, -1.0
-        expected, survive = 1.0, 1.0
-        acceptances = self.acceptances(key, offered)
-        if self.target_cost == "measured":
-            costs = [self._timer.drafts(n, self._cost) for n in range(offered + 1)]
+        draft_cost, min_tokens = self.draft_cost, self.min_tokens
+        if self.target_cost == "measured" or draft_cost:
+            costs = [self.cost(n) + draft_cost * n for n in range(offered + 1)]
+            floor = suffix_minima(costs)
         else:
             costs = self._cost.drafts_table(offered)
-        draft_cost = self.draft_cost
-        for n in range(0, offered + 1):
-            if n > 0:
-                survive *= acceptances[n - 1]
-                expected += survive
-            if n < self.min_tokens:
-                continue
-            rate = expected / (costs[n] + draft_cost * n)
-            if rate > best_rate * (1.0 + 1e-9):
-                best_n, best_rate = n, rate
+            floor = self._cost.drafts_floor(offered)
+        best_n, best_rate = 0, -1.0
+        if min_tokens == 0:
+            best_rate = 1.0 / costs[0]
+        expected, survive = 1.0, 1.0
+        for n, a in enumerate(self._estimates(key), 1):
+            survive *= a
+            expected += survive
+            if n >= min_tokens:
+                rate = expected / costs[n]
+                if rate > best_rate * (1.0 + 1e-9):
+                    best_n, best_rate = n, rate
+            if n == offered:
+                break
+            # Every later token is kept with chance at most 1 and costs at least the
+            # cheapest pass still ahead: when even that cannot beat the best, stop
+            # (on open text most proposals end here after a position or two).
+            if (expected + survive * (offered - n)) / floor[n + 1] < best_rate:
+                break
         return self._probe(key, best_n)
 
     def _probe(self, key, best_n: int) -> int:
