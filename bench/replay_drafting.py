@@ -34,10 +34,18 @@ what any draft-length policy can reach with that drafter and cost curve.
 
 Run::
 
-    PYTHONPATH=src python bench/replay_drafting.py record --samples 4 \
+    PYTHONPATH=src python bench/replay_drafting.py record --samples 4 --tuning --multi \
         --out bench/results/replay_traces.json.gz
     PYTHONPATH=src python bench/replay_drafting.py simulate \
-        --traces bench/results/replay_traces.json.gz --kinds lookup,lookup-fixed,oracle
+        --traces bench/results/replay_traces.json.gz --kinds lookup,suffix,oracle
+
+``bench/results/replay_traces.json.gz`` holds the outputs recorded on 2026-12-04
+(llama-cpp-python 0.3.36, built as the README advises); ``--curve`` replays them with
+another cost curve (its recorded one came from the calibration before the fix of that
+day: pass the curve measured now, e.g. ``--curve 1,1.84,2.19,2.56,2.93,3.3,3.67,4.05,
+4.45,4.83,5.25,5.67,6.1,6.5,6.9,7.37``).  Kinds: ``lookup``, ``suffix`` (the defaults),
+``lookup-tree`` and ``suffix-tree`` (trees of candidates, a tree pass charged
+``TREE_OVERHEAD`` more), ``lookup-fixed`` (always 10), ``oracle`` and ``oracle-suffix``.
 
 Nothing here asserts a speed; it prints tables (``--markdown``) to compare policies.
 """
