@@ -24,6 +24,7 @@ import pytest
 
 from specdec import models
 from specdec.models import _calibration
+from specdec.models._cached import PrefixCachedModel
 
 REQUIRE_MODELS = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
 VOCAB = 97
@@ -305,3 +306,47 @@ def test_llama_kept_rows_are_not_reused_after_another_user_rewrote_the_cache(smo
     again = a.forward(np.array([seq[:-1] + [99]]), logits_to_keep=1)  # all cached, by B
     assert a.n_evaluated_tokens == evaluated + 1  # A's kept row was for token 9: evaluated
     np.testing.assert_array_equal(again, other)
+
+
+class _ClockedModel(PrefixCachedModel):
+    """A cache model whose passes advance a virtual clock, as llama.cpp's did here:
+    a pass over k new tokens takes 1 + 0.5 (k - 1) units, and a one-token pass right
+    after a batch takes 0.5 more (the price of the batch, paid by the next pass)."""
+
+    vocab_size = 8
+
+    def __init__(self):
+        super().__init__()
+        self.clock = 0.0
+        self._ids = np.zeros(0, dtype=np.int64)
+        self._last = 1
+
+    def _cached_ids(self):
+        return self._ids
+
+    def _first_to_evaluate(self, n_common, length, n_rows):
+        return n_common
+
+    def _roll_back(self, n_keep):
+        self._ids = self._ids[:n_keep]
+
+    def _evaluate(self, seq, start, n_rows):
+        k = len(seq) - start
+        if k:
+            self.clock += 1.0 + 0.5 * (k - 1) + (0.5 if k == 1 and self._last > 1 else 0.0)
+            self._last = k
+        self._ids = np.array(seq, dtype=np.int64)
+        return np.zeros((1, n_rows, self.vocab_size), dtype=np.float32)
+
+
+def test_calibration_charges_a_batch_the_slower_pass_after_it(monkeypatch):
+    """Each pass is timed between one-token passes, with the one after it: a batch's
+    cost includes what it adds to the next pass, and the unit is a token after a token
+    (timing each pass right after the previous size's batch made batches look cheap:
+    2 tokens 1.0x here instead of 2.0x)."""
+    model = _ClockedModel()
+    monkeypatch.setattr(_calibration.time, "perf_counter", lambda: model.clock)
+    curve = _calibration.measure_cost_curve(model, None)
+    expected = [1.0] + [1.5 + 0.5 * (k - 1) for k in range(2, 17)]
+    np.testing.assert_allclose(curve, expected)
+    assert model.cached_tokens.size == 0  # the made-up context is dropped
