@@ -251,8 +251,8 @@ class PositionalDraftLength(DraftLengthPolicy):
                 prior = priors[position - 1]
             else:
                 prior = self.prior(evidence, position)
-            if odds != 1.0:  # the source's offset, in odds: p w / (1 - p + p w)
-                prior = prior * odds / (1.0 - prior + prior * odds)
+            if odds != 1.0:
+                prior = _shifted(prior, odds)
             if previous > prior:
                 prior = previous
             cell = cells.get((source, bucket, position if position < last else last))
@@ -387,9 +387,7 @@ class PositionalDraftLength(DraftLengthPolicy):
         evidence = min(int(evidence), self.MAX_EVIDENCE)
         theta = self._offsets.get(source, 0.0)
         for position, success in outcomes:
-            prior = self.prior(evidence, position)
-            odds = math.exp(theta)
-            shifted = prior * odds / (1.0 - prior + prior * odds)
+            shifted = _shifted(self.prior(evidence, position), math.exp(theta))
             theta = min(high, max(low, theta + self.offset_rate * (success - shifted)))
         self._offsets[source] = theta
 
@@ -538,3 +536,8 @@ class PositionalDraftLength(DraftLengthPolicy):
             cells[cell] = cells.get(cell, NO_TALLY).add(success, 1.0, memory)
         if self.target_cost == "measured":
             self._timer.record(int(np.count_nonzero(selected)), target_seconds)
+
+
+def _shifted(prior: float, odds: float) -> float:
+    """``prior`` with its odds multiplied by ``odds`` (a log-odds offset of log(odds))."""
+    return prior * odds / (1.0 - prior + prior * odds)
