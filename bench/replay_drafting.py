@@ -153,6 +153,10 @@ class ReplayTreeTarget(ReplayTarget):
     def __init__(self, sequence, vocab_size: int, cost_curve, tree_overhead: float = 1.0):
         super().__init__(sequence, vocab_size, cost_curve)
         self.tree_overhead = tree_overhead
+        # what an adapter's calibration tells the policy (a tree of one node: a chain)
+        tree = np.asarray(cost_curve, dtype=np.float64) * tree_overhead
+        tree[:2] = self.cost_curve[:2]
+        self.tree_cost_curve = tree
 
     def forward_tree(self, prefix, token_ids, parents):
         """Tree rows: root row after ``prefix``, then one row after each node."""

@@ -350,3 +350,64 @@ def test_calibration_charges_a_batch_the_slower_pass_after_it(monkeypatch):
     expected = [1.0] + [1.5 + 0.5 * (k - 1) for k in range(2, 17)]
     np.testing.assert_allclose(curve, expected)
     assert model.cached_tokens.size == 0  # the made-up context is dropped
+
+
+class _ClockedTreeModel(_ClockedModel):
+    """:class:`_ClockedModel` with one-pass trees that cost 0.3 units more than a chain
+    of as many tokens (the cache keeps the prefix and the first branch)."""
+
+    def forward_tree(self, prefix_ids, token_ids, parents):
+        prefix = np.asarray(prefix_ids, dtype=np.int64)
+        parents = np.asarray(parents)
+        self._ids = self._ids[: min(len(self._ids), len(prefix) - 1)]
+        k = len(prefix) - len(self._ids) + len(token_ids)
+        self.clock += 1.0 + 0.5 * (k - 1) + 0.3
+        self._last = k
+        first = 1
+        while first < len(parents) and parents[first] == first - 1:
+            first += 1
+        self._ids = np.concatenate([prefix, np.asarray(token_ids[:first], dtype=np.int64)])
+        return np.zeros((len(token_ids) + 1, self.vocab_size), dtype=np.float32)
+
+
+def test_tree_calibration_measures_the_tree_premium(monkeypatch):
+    """Two-branch trees timed like chains: the curve holds the 0.3 a tree pass costs
+    above a chain of as many tokens; a tree of one node is a chain."""
+    monkeypatch.setattr(_calibration, "_MEASURED_TREES", {})
+    model = _ClockedTreeModel()
+    monkeypatch.setattr(_calibration.time, "perf_counter", lambda: model.clock)
+    chain = _calibration.measure_cost_curve(model, None)
+    tree = model.tree_cost_curve
+    expected = [1.0, chain[1]] + [1.5 + 0.5 * (k - 1) + 0.3 for k in range(3, 17)]
+    np.testing.assert_allclose(tree, expected)
+    assert not tree.flags.writeable and model.tree_cost_curve is tree  # measured once
+    assert model.cached_tokens.size == 0  # the made-up context is dropped
+
+
+def test_tree_curve_given_or_priced_as_chains(tiny_lm, no_calibration, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a tree calibration was started")
+
+    monkeypatch.setattr(_calibration, "measure_tree_cost_curve", refuse)
+    given = models.TransformersModel(tiny_lm, cost_curve=CURVE, tree_cost_curve=[1.0, 1.5, 2.3])
+    np.testing.assert_array_equal(given.tree_cost_curve, [1.0, 1.5, 2.3])
+    # a given chain curve alone: no calibration, trees priced as chains
+    assert models.TransformersModel(tiny_lm, cost_curve=CURVE).tree_cost_curve is None
+    with pytest.raises(ValueError, match=r"tree_cost_curve\[0\] must be 1.0"):
+        models.TransformersModel(tiny_lm, tree_cost_curve=[2.0, 3.0])
+    assert _ClockedModel().tree_cost_curve is None  # no forward_tree: no tree curve
+
+
+def test_measured_tree_curve_leaves_the_cache_consistent(tiny_lm, monkeypatch):
+    monkeypatch.setattr(_calibration, "_MEASURED_TREES", {})
+    adapter = models.TransformersModel(tiny_lm)
+    fresh = models.TransformersModel(tiny_lm)
+    adapter.forward(np.array([PROMPT]), logits_to_keep=1)
+    tree = adapter.tree_cost_curve
+    _check_curve(tree)
+    assert np.all(tree >= adapter.cost_curve)  # never below a chain of as many tokens
+    np.testing.assert_array_equal(adapter.cached_tokens, PROMPT)
+    seq = np.array([PROMPT + [4, 6]])
+    np.testing.assert_allclose(
+        adapter.forward(seq, logits_to_keep=3), fresh.forward(seq, logits_to_keep=3), atol=1e-5
+    )

@@ -186,6 +186,23 @@ def test_trees_keep_alternatives_and_count_them(backend):
     assert stats.total_tokens_generated == len(ids) - 1
 
 
+def test_the_targets_tree_cost_curve_decides_whether_trees_pay(backend):
+    # The default policy reads the target's curves: trees priced as chains are
+    # verified; trees that cost a token more than a chain of as many are not.
+    flat = [1.0, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06]
+    runs = {}
+    for premium in (0.0, 1.0):
+        target = target_model()
+        target.cost_curve = flat
+        target.tree_cost_curve = [1.0] + [v + premium for v in flat[1:]]
+        decoder = specdec.SpeculativeDecoder(6, temperature=0.0, backend=backend)
+        ids, stats = decoder.generate(Branching(), target, [2], 40)
+        runs[premium] = target.tree_calls, stats.total_draft_tokens_proposed
+        assert ids == specdec.sample(target, [2], 40, temperature=0.0, backend=backend)[0]
+    assert runs[0.0][0] > 0  # trees priced as chains: verified
+    assert runs[1.0][0] == 0 and runs[1.0][1] > 0  # dear trees: chains only, still drafting
+
+
 def test_without_forward_tree_the_decoder_verifies_chains(backend):
     class ChainOnly(ContextModel):
         pass
@@ -431,6 +448,38 @@ def test_selection_takes_alternatives_only_where_they_pay():
             assert parent < 0 or selected[parent]
             siblings = np.flatnonzero((tree.parents == parent) & (tree.rank < tree.rank[node]))
             assert selected[siblings].all()
+
+
+def test_selection_pays_a_tree_pass_its_own_cost():
+    # A weak first candidate with alternatives: with trees priced as chains the
+    # policy selects alternatives; when a tree pass costs a token more than a chain
+    # of as many tokens, it keeps to the first candidate's chain (verified as one).
+    tree = DraftTree.from_candidates([[1, 2, 3], [4, 5], [6]])
+    chain = [1.0, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06]
+    policy = PositionalDraftLength()
+    policy.start(8, CostCurve(chain))
+    assert CostCurve(chain).tree is None and CostCurve(chain).tree_drafts(3) == 1.03
+    assert policy.select_tree((0, 1), tree)[tree.rank > 0].any()
+    dear = CostCurve(chain, tree=[1.0] + [v + 1.0 for v in chain[1:]])
+    assert dear.tree_drafts(3) == pytest.approx(2.03) and dear.tree_drafts(0) == 1.0
+    policy.start(8, dear)
+    selected = policy.select_tree((0, 1), tree)
+    n = int(selected.sum())
+    assert n > 0 and selected[:n].all() and not selected[n:].any()  # a chain prefix
+    assert n == policy.length((0, 1), 3)
+    # a tree only a little dearer still takes the alternatives where they pay
+    policy.start(8, CostCurve(chain, tree=[1.0] + [v + 0.05 for v in chain[1:]]))
+    assert policy.select_tree((0, 1), tree)[tree.rank > 0].any()
+
+
+def test_selection_probe_is_the_first_node():
+    # a source the policy never drafts from is tried with one token now and then
+    tree = DraftTree.from_candidates([[1, 2], [3]])
+    policy = PositionalDraftLength()
+    policy.start(8, CostCurve([1.0, 2.0, 3.0, 4.0]))
+    picks = [policy.select_tree((0, 1), tree) for _ in range(PositionalDraftLength.PROBE_EVERY)]
+    assert not any(p.any() for p in picks[:-1])
+    assert picks[-1].tolist() == [True, False, False]
 
 
 def test_observe_tree_learns_alternatives_and_the_shadow():

@@ -17,6 +17,11 @@ Where the curve comes from, first found wins:
    ``n + 1`` tokens costs ``1 + overhead + per_token * n`` for n >= 1;
 4. :data:`DEFAULT_COST_CURVE`.
 
+A pass over a tree of drafts (several candidates in one pass) costs more than a chain
+of as many tokens; the target model's ``tree_cost_curve`` says how much (the adapters
+measure it like ``cost_curve``), else, or with a policy's own ``target_cost``, trees
+cost as chains.
+
 A curve is extended beyond its end linearly, with the slope of its last segment (flat if
 that segment falls).
 """
@@ -62,6 +67,9 @@ class CostCurve:
         value only: one unit per token, the cautious guess).
     name : str, default "cost curve"
         How errors name the argument.
+    tree : 1-D sequence of float, optional
+        The cost of a pass over a *tree* of drafts (one token and its nodes), when it
+        differs from a chain over as many tokens (see :meth:`tree_drafts`).
 
     Examples
     --------
@@ -72,12 +80,13 @@ class CostCurve:
     1.0
     """
 
-    __slots__ = ("_values", "_slope", "_pair", "_resolve", "_table", "_floor")
+    __slots__ = ("_values", "_slope", "_pair", "_resolve", "_table", "_floor", "_tree")
 
-    def __init__(self, values, name: str = "cost curve") -> None:
+    def __init__(self, values, name: str = "cost curve", tree=None) -> None:
         self._pair = None
         self._resolve = None
         self._set(_check_curve(values, name))
+        self._tree = None if tree is None else CostCurve(tree, f"{name} of trees")
 
     def _set(self, values: tuple) -> None:
         self._table = None
@@ -103,7 +112,7 @@ class CostCurve:
         overhead, per_token = _check_pair((overhead, per_token), name)
         curve = cls.__new__(cls)
         curve._pair = (overhead, per_token)
-        curve._resolve = None
+        curve._resolve = curve._tree = None
         curve._set(tuple(1.0 if n == 0 else 1.0 + overhead + per_token * n for n in range(16)))
         return curve
 
@@ -126,6 +135,7 @@ class CostCurve:
         curve = cls.__new__(cls)
         curve._pair = curve._values = curve._table = None
         curve._resolve = lambda: _model_curve(model)
+        curve._tree = lambda: _model_tree_curve(model)  # read at the first tree's cost
         return curve
 
     def _resolved(self) -> CostCurve:
@@ -134,6 +144,30 @@ class CostCurve:
             self._pair = resolved._pair
             self._set(resolved._values)
         return self
+
+    @property
+    def tree(self) -> CostCurve | None:
+        """The curve of passes over trees of drafts; None when they cost as chains.
+
+        From a model, its ``tree_cost_curve`` (read, and perhaps measured, on the first
+        access).
+        """
+        if callable(self._tree):
+            self._tree = self._tree()
+        return self._tree
+
+    def tree_drafts(self, n_nodes: int) -> float:
+        """Cost of a pass that verifies a tree of ``n_nodes`` drafts (and one more token).
+
+        The tree curve's, if there is one; else a chain's of as many drafts.
+        """
+        tree = self.tree
+        return self.drafts(n_nodes) if tree is None else tree.drafts(n_nodes)
+
+    def tree_drafts_table(self, n_max: int) -> list:
+        """``[tree_drafts(0), ..., tree_drafts(n_max)]`` (kept)."""
+        tree = self.tree
+        return self.drafts_table(n_max) if tree is None else tree.drafts_table(n_max)
 
     @property
     def values(self) -> tuple:
@@ -234,6 +268,12 @@ def _check_curve(values, name: str) -> tuple:
     if abs(array[0] - 1.0) > 1e-6:
         raise ValueError(f"{expected}; element 0 is {float(array[0])!r}")
     return tuple(float(v) for v in array)
+
+
+def _model_tree_curve(model) -> CostCurve | None:
+    """The target model's ``tree_cost_curve``, or None (trees cost as chains)."""
+    curve = getattr(model, "tree_cost_curve", None)
+    return None if curve is None else CostCurve(curve, "target_model.tree_cost_curve")
 
 
 def _model_curve(model) -> CostCurve:

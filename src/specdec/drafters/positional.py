@@ -426,6 +426,10 @@ class PositionalDraftLength(DraftLengthPolicy):
         best first (a node only after its parent and its earlier siblings, the order
         verification tries them in), and the prefix of that order with the most
         expected tokens per unit of cost wins: for a chain, :meth:`length`'s answer.
+        A selection of the first candidate's first nodes is verified as a chain and
+        costs a chain pass; any other costs a tree pass (the target's
+        ``tree_cost_curve``, through the cost curve given to :meth:`start`), so
+        alternatives are selected only where they pay for the dearer pass.
 
         Parameters
         ----------
@@ -455,20 +459,28 @@ class PositionalDraftLength(DraftLengthPolicy):
             else:
                 next_sibling[last_child[parent + 1]] = i
             last_child[parent + 1] = i
+        draft_cost = self.draft_cost
         if self.target_cost == "measured":
-            costs = [self._timer.drafts(n, self._cost) for n in range(budget + 1)]
+            chain_costs = [self._timer.drafts(n, self._cost) for n in range(budget + 1)]
+            tree_costs = chain_costs  # timings by length only: trees are not told apart
         else:
-            costs = self._cost.drafts_table(budget)
+            chain_costs = self._cost.drafts_table(budget)
+            tree_costs = self._cost.tree_drafts_table(budget)
+        chain_costs = [v + draft_cost * n for n, v in enumerate(chain_costs[: budget + 1])]
+        tree_costs = [v + draft_cost * n for n, v in enumerate(tree_costs[: budget + 1])]
         # frontier: (-m, node, chance that the parent is kept and the earlier siblings not)
         root = int(first_child[0])
         frontier = [(-c[root], root, 1.0)]
-        order, best_n, best_rate, expected = [], 0, 1.0 / costs[0], 1.0
+        order, best_n, best_rate, expected = [], 0, 1.0 / chain_costs[0], 1.0
+        depth, is_chain = tree.depth, True  # the order so far is nodes 0, 1, ...
         while frontier and len(order) < budget:
             negative_m, node, reach = heapq.heappop(frontier)
             order.append(node)
             expected -= negative_m
             n = len(order)
-            rate = expected / (costs[n] + self.draft_cost * n)
+            # The first candidate's first nodes are verified as a chain (a cheaper pass).
+            is_chain = is_chain and node == n - 1 and depth[node] == n
+            rate = expected / (chain_costs[n] if is_chain else tree_costs[n])
             if n >= self.min_tokens and rate > best_rate * (1.0 + 1e-9):
                 best_n, best_rate = n, rate
             child, sibling = int(first_child[node + 1]), int(next_sibling[node])
@@ -479,8 +491,31 @@ class PositionalDraftLength(DraftLengthPolicy):
                 heapq.heappush(frontier, (-rest * c[sibling], sibling, rest))
         if self.min_tokens and best_n < min(self.min_tokens, len(order)):
             best_n = min(self.min_tokens, len(order))
-        selected[order[: self._probe(key, best_n)]] = True
+        chosen = order[:best_n]
+        n_chain, chain_rate = self._best_chain(tree, c, chain_costs, budget)
+        if n_chain and chain_rate > best_rate * (1.0 + 1e-9):
+            # The order reached an alternative before the chain's best length, and a
+            # tree pass costs more: the chain alone pays better.
+            chosen = list(range(n_chain))
+        n_chosen = self._probe(key, len(chosen))
+        if n_chosen > len(chosen):  # a probe: the first node
+            chosen = order[:n_chosen]
+        selected[chosen] = True
         return selected
+
+    def _best_chain(self, tree: DraftTree, c, costs, budget: int) -> tuple:
+        """``(n, rate)``: the best prefix of the first candidate, verified as a chain."""
+        best_n, best_rate = 0, 0.0
+        expected, survive = 1.0, 1.0
+        for node in range(min(budget, len(tree))):
+            if tree.depth[node] != node + 1:
+                break
+            survive *= c[node]
+            expected += survive
+            n = node + 1
+            if n >= self.min_tokens and expected / costs[n] > best_rate * (1.0 + 1e-9):
+                best_n, best_rate = n, expected / costs[n]
+        return best_n, best_rate
 
     def observe_tree(
         self, key, tree: DraftTree, selected, path, next_token: int, target_seconds: float

@@ -100,10 +100,16 @@ class PrefixCachedModel(abc.ABC):
     #: The default of ``speculation_cost`` (see the class docstring).
     default_speculation_cost: tuple = (0.57, 0.33)
 
-    def __init__(self, cost_curve: Any = None) -> None:
+    def __init__(self, cost_curve: Any = None, tree_cost_curve: Any = None) -> None:
         self.n_evaluated_tokens = 0
         self.n_forward_calls = 0
         self._cost_curve = None if cost_curve is None else _calibration.check_cost_curve(cost_curve)
+        self._cost_curve_given = cost_curve is not None
+        self._tree_cost_curve = (
+            None
+            if tree_cost_curve is None
+            else _calibration.check_cost_curve(tree_cost_curve, "tree_cost_curve")
+        )
         self._speculation_cost: tuple | None = None
         self._first_use_done = False
 
@@ -132,6 +138,37 @@ class PrefixCachedModel(abc.ABC):
         if self._cost_curve is None:
             self._cost_curve = _calibration.measure_cost_curve(self, self._max_length())
         return self._cost_curve
+
+    @property
+    def tree_cost_curve(self) -> np.ndarray | None:
+        """Time of a tree pass over ``i + 1`` tokens relative to one token; None without trees.
+
+        For adapters that score a tree of drafts in one pass (``forward_tree``): element
+        ``i`` is a pass over the last token and ``i`` tree nodes.  A tree pass costs
+        more than a chain over as many tokens (the branches' sequence ids in
+        llama.cpp, the 4-D attention mask in PyTorch: 8-17% more for SmolLM2-135M
+        here), and the draft-length policy verifies a tree only when its expected
+        tokens pay for that.  Given at creation (``tree_cost_curve=...``), or measured
+        on first access (the policy's first tree) by a calibration like that of
+        :attr:`cost_curve`, over two-branch trees of 2, 4, 8 and 15 nodes, each timed
+        with the one-token pass after it along the first branch; about half the
+        time of the chain's calibration.  A read-only 1-D float64 array
+        (element 0 is 1.0, element 1, one node, is the chain's), kept for the
+        process per model and thread setting like :attr:`cost_curve`.  None for an
+        adapter without ``forward_tree``, and when ``cost_curve`` was given but this
+        curve was not (no calibration runs then; trees are priced as chains).
+
+        Returns
+        -------
+        numpy.ndarray or None
+        """
+        if not hasattr(self, "forward_tree"):
+            return None
+        if self._tree_cost_curve is None and not self._cost_curve_given:
+            self._tree_cost_curve = _calibration.measure_tree_cost_curve(
+                self, self._max_length(), self.cost_curve
+            )
+        return self._tree_cost_curve
 
     def _cost_curve_pending(self) -> bool:
         """Whether reading :attr:`cost_curve` would run the calibration now."""

@@ -15,13 +15,18 @@ and leaves the cache as it found it (or empty, which is also consistent);
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_TOKENS", "check_cost_curve", "fit_speculation_cost", "measure_cost_curve"]
+__all__ = [
+    "MAX_TOKENS",
+    "check_cost_curve",
+    "fit_speculation_cost",
+    "measure_cost_curve",
+    "measure_tree_cost_curve",
+]
 
 #: The curve covers passes over 1 to MAX_TOKENS new tokens.
 MAX_TOKENS = 16
@@ -41,11 +46,16 @@ CONTEXT_TOKENS = 32
 
 logger = logging.getLogger("specdec.models")
 
+#: Tree sizes (tokens in the pass: the last token and the nodes) that are timed.
+TREE_SIZES = (3, 5, 9, 16)
+
 #: Curves measured in this process, by the adapter's calibration key.
 _MEASURED: dict = {}
+#: ... and the tree curves of adapters that score trees in one pass.
+_MEASURED_TREES: dict = {}
 
 
-def check_cost_curve(value: Any) -> np.ndarray:
+def check_cost_curve(value: Any, name: str = "cost_curve") -> np.ndarray:
     """A user's cost curve as a read-only float64 array, or a clear error.
 
     Parameters
@@ -53,6 +63,8 @@ def check_cost_curve(value: Any) -> np.ndarray:
     value : array_like of float
         Element ``i`` is the time of a pass over ``i + 1`` new tokens relative to
         one token: element 0 must be 1.0, every element finite and positive.
+    name : str, default "cost_curve"
+        How errors name the argument.
 
     Returns
     -------
@@ -67,15 +79,15 @@ def check_cost_curve(value: Any) -> np.ndarray:
         curve = np.array(value, dtype=np.float64)
     except (TypeError, ValueError):
         raise ValueError(
-            f"cost_curve must be a 1-D sequence of numbers, got {type(value).__name__}"
+            f"{name} must be a 1-D sequence of numbers, got {type(value).__name__}"
         ) from None
     if curve.ndim != 1 or curve.size == 0:
-        raise ValueError(f"cost_curve must be a non-empty 1-D sequence, got shape {curve.shape}")
+        raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {curve.shape}")
     if not np.all(np.isfinite(curve)) or not np.all(curve > 0):
-        raise ValueError("cost_curve must hold finite numbers > 0")
+        raise ValueError(f"{name} must hold finite numbers > 0")
     if curve[0] != 1.0:
         raise ValueError(
-            f"cost_curve[0] must be 1.0 (costs are relative to a one-token pass), got {curve[0]}"
+            f"{name}[0] must be 1.0 (costs are relative to a one-token pass), got {curve[0]}"
         )
     curve.flags.writeable = False
     return curve
@@ -119,11 +131,83 @@ def measure_cost_curve(model: Any, max_length: int | None) -> np.ndarray:
     key = model._calibration_key()
     if key is not None and key in _MEASURED:
         return _MEASURED[key]
+    curve = _measure(model, max_length, "chain", MEASURED_SIZES, _chain_pass, None)
+    if key is not None:
+        _MEASURED[key] = curve
+    return curve
+
+
+def measure_tree_cost_curve(model: Any, max_length: int | None, chain: np.ndarray) -> np.ndarray:
+    """Time one-pass trees of drafts over 3..MAX_TOKENS tokens (``model.forward_tree``).
+
+    Each timed tree has two branches of equal depth (a node more in the first when the
+    count is odd) after the last token, and is timed, as a chain pass is, after a
+    one-token pass and together with the one-token pass that follows it (along the
+    first branch, the one the adapters' caches keep).
+
+    Parameters
+    ----------
+    model : PrefixCachedModel
+        An adapter with ``forward_tree``.
+    max_length : int or None
+        Longest sequence the model takes, if limited.
+    chain : numpy.ndarray
+        The model's (chain) cost curve: a tree never costs less than a chain over as
+        many tokens, and a tree of one node is a chain.
+
+    Returns
+    -------
+    numpy.ndarray
+        The read-only curve: element ``i`` is a tree pass over ``i + 1`` tokens (``i``
+        nodes), relative to a one-token pass; float64, ``MAX_TOKENS`` elements.
+    """
+    key = model._calibration_key()
+    if key is not None and key in _MEASURED_TREES:
+        return _MEASURED_TREES[key]
+    curve = _measure(model, max_length, "tree", TREE_SIZES, _tree_pass, chain)
+    if key is not None:
+        _MEASURED_TREES[key] = curve
+    return curve
+
+
+def _chain_pass(model: Any, seq: np.ndarray, n_base: int, k: int) -> None:
+    """A pass over ``k`` tokens after ``seq[:n_base + 1]``, then the next token's pass."""
+    model._evaluate(seq[: n_base + 1 + k], n_base + 1, k)
+    model._evaluate(seq[: n_base + 2 + k], n_base + 1 + k, 1)
+
+
+def _tree_pass(model: Any, seq: np.ndarray, n_base: int, k: int) -> None:
+    """A two-branch tree over ``k`` tokens, then the next token's pass after it.
+
+    The tree has ``k - 1`` nodes after ``seq[:n_base + 1]``; the next pass follows its
+    first branch (the one the adapters' caches keep).
+    """
+    nodes = k - 1
+    first = (nodes + 1) // 2
+    parents = np.arange(-1, nodes - 1, dtype=np.int64)
+    parents[first] = -1  # the second branch starts at the root
+    prefix = seq[: n_base + 1]
+    tree = seq[n_base + 1 : n_base + 1 + nodes]
+    model.forward_tree(prefix, tree, parents)
+    next_token = seq[n_base + 1 + nodes : n_base + 2 + nodes]
+    after = np.concatenate([seq[: n_base + 1 + first], next_token])
+    model.forward(after[None, :], logits_to_keep=1)
+
+
+def _measure(model, max_length, what: str, sizes, timed_pass, floor) -> np.ndarray:
+    """The protocol shared by both curves: ``sizes`` timed in interleaved rounds.
+
+    ``timed_pass(model, seq, n_base, k)`` runs the pass over ``k`` tokens and the
+    one-token pass after it; one-token chain passes (``k = 1``) are timed in the same
+    rounds as the unit.  ``floor``: a curve the result may not fall below.
+    """
     logger.info(
-        "specdec: measuring %s's cost of a pass over 1..%d tokens (once per process and "
-        "setting; pass cost_curve=... to skip)",
+        "specdec: measuring %s's cost of a %s pass over 1..%d tokens (once per process "
+        "and setting; pass %s=... to skip)",
         type(model).__name__,
+        what,
         MAX_TOKENS,
+        "cost_curve" if what == "chain" else "tree_cost_curve",
     )
     started = time.perf_counter()
     cached = np.array(model._cached_ids(), dtype=np.int64)
@@ -135,8 +219,9 @@ def measure_cost_curve(model: Any, max_length: int | None) -> np.ndarray:
         base, restore = probe[:CONTEXT_TOKENS], 0  # a made-up context, dropped afterwards
     seq = np.concatenate([base, probe[CONTEXT_TOKENS:]])
     n_base = base.size
+    plan = [(1, _chain_pass)] + [(k, timed_pass) for k in sizes if k > 1 or what != "chain"]
 
-    def one_pass(k: int) -> float:
+    def one_pass(k: int, run) -> float:
         # As in decoding: the pass over k tokens comes after a one-token pass, and the
         # next step's one-token pass is timed with it.  That pass pays for the batch
         # before it (llama.cpp: a token after a batch of 16 took 15% longer than after
@@ -148,37 +233,38 @@ def measure_cost_curve(model: Any, max_length: int | None) -> np.ndarray:
             model._evaluate(seq[:n_base], n_cached, 1)
         model._evaluate(seq[: n_base + 1], n_base, 1)
         begin = time.perf_counter()
-        model._evaluate(seq[: n_base + 1 + k], n_base + 1, k)
-        model._evaluate(seq[: n_base + 2 + k], n_base + 1 + k, 1)
+        run(model, seq, n_base, k)
         return time.perf_counter() - begin
 
     try:
-        one_pass(1)  # warm-up: the first passes fault weights and buffers in
-        one_pass(MAX_TOKENS)
-        times: dict = {k: [] for k in MEASURED_SIZES}
+        one_pass(1, _chain_pass)  # warm-up: the first passes fault weights and buffers in
+        one_pass(MAX_TOKENS, timed_pass)
+        times: dict = {k: [] for k, _ in plan}
         for round_ in range(ROUNDS):
             if round_ and time.perf_counter() - started > TIME_BUDGET:
                 break
-            order = MEASURED_SIZES if round_ % 2 == 0 else MEASURED_SIZES[::-1]
-            for k in order:
-                times[k].append(one_pass(k))
+            for k, run in plan if round_ % 2 == 0 else plan[::-1]:
+                times[k].append(one_pass(k, run))
     finally:
         model._roll_back(restore)
     # A timing holds the pass and the one-token pass after it; for k = 1, two one-token
     # passes: a pass over k tokens costs (timing(k) - timing(1) / 2) one-token passes.
-    medians = np.array([np.median(times[k]) for k in MEASURED_SIZES])
+    sizes = sorted(times)
+    medians = np.array([np.median(times[k]) for k in sizes])
     one = medians[0] / 2.0
-    curve = np.interp(np.arange(1, MAX_TOKENS + 1), MEASURED_SIZES, (medians - one) / one)
+    curve = np.interp(np.arange(1, MAX_TOKENS + 1), sizes, (medians - one) / one)
+    if floor is not None:
+        curve = np.maximum(curve, floor[:MAX_TOKENS])
+        curve[1] = floor[1]  # one node: a chain
     curve = np.maximum.accumulate(curve)
     curve[0] = 1.0
     curve.flags.writeable = False
     seconds = time.perf_counter() - started
     logger.info(
-        "specdec: %s cost curve measured in %.1f s: 8 tokens cost %.2f one-token passes",
+        "specdec: %s %s cost curve measured in %.1f s: 8 tokens cost %.2f one-token passes",
         type(model).__name__,
+        what,
         seconds,
         curve[7],
     )
-    if key is not None and math.isfinite(seconds):
-        _MEASURED[key] = curve
     return curve

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from specdec.models._cached import common_prefix_length
+from specdec.models._calibration import check_cost_curve
 from specdec.models._tree_scoring import score_tree_by_branches, tree_arguments
 from specdec.models.llama_cpp import LlamaCppModel
 
@@ -41,14 +42,28 @@ class LlamaCppTreeModel(LlamaCppModel):
     tree_width : int, default 8
         Most branches (leaves) a tree may have to be scored in one pass; wider trees
         are scored branch by branch.
+    tree_cost_curve : array_like of float, optional
+        Time of a tree pass over ``i + 1`` tokens (the last token and ``i`` nodes)
+        relative to one token; given, it replaces the calibration of
+        :attr:`tree_cost_curve`.
     **kwargs
         As for :class:`LlamaCppModel`.
     """
 
-    def __init__(self, llama_or_model_path: Any, *, tree_width: int = 8, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        llama_or_model_path: Any,
+        *,
+        tree_width: int = 8,
+        tree_cost_curve: Any = None,
+        **kwargs: Any,
+    ) -> None:
         if int(tree_width) < 1:
             raise ValueError(f"tree_width must be at least 1, got {tree_width}")
+        if tree_cost_curve is not None:
+            tree_cost_curve = check_cost_curve(tree_cost_curve, "tree_cost_curve")
         super().__init__(llama_or_model_path, **kwargs)
+        self._tree_cost_curve = tree_cost_curve
         lib = self._llama_cpp
         llama = self.llama
         params = type(llama.context_params).from_buffer_copy(llama.context_params)

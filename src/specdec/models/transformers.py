@@ -43,6 +43,10 @@ class TransformersModel(PrefixCachedModel):
         Time of a pass over ``i + 1`` new tokens relative to one token
         (element 0 is 1.0); given, it replaces the calibration that
         :attr:`cost_curve` otherwise runs on first access.
+    tree_cost_curve : array_like of float, optional
+        The same for a tree of drafts scored in one pass (:meth:`forward_tree`):
+        element ``i`` is a pass over the last token and ``i`` nodes; given, it
+        replaces the calibration of :attr:`tree_cost_curve`.
 
     Attributes
     ----------
@@ -90,9 +94,15 @@ class TransformersModel(PrefixCachedModel):
     default_speculation_cost = (0.1, 0.05)
 
     def __init__(
-        self, model: Any, device: Any = "cpu", *, tokenizer: Any = None, cost_curve: Any = None
+        self,
+        model: Any,
+        device: Any = "cpu",
+        *,
+        tokenizer: Any = None,
+        cost_curve: Any = None,
+        tree_cost_curve: Any = None,
     ) -> None:
-        super().__init__(cost_curve)
+        super().__init__(cost_curve, tree_cost_curve)
         torch = import_optional("torch", "TransformersModel", "transformers")
         self._torch = torch
         self._DynamicCache = import_optional(
