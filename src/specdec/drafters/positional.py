@@ -7,13 +7,11 @@ the calls, the ``(source, evidence)`` key, what is kept across ``generate`` call
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 
-import numpy as np
-
 from specdec._validation import is_int, is_real
+from specdec.drafters._tree_selection import TreeSelection
 from specdec.drafters.cost import (
     DEFAULT_COST_CURVE,
     CostCurve,
@@ -23,12 +21,11 @@ from specdec.drafters.cost import (
     suffix_minima,
 )
 from specdec.drafters.length import NO_TALLY, DraftLengthPolicy
-from specdec.drafters.tree import DraftTree
 
 __all__ = ["PositionalDraftLength"]
 
 
-class PositionalDraftLength(DraftLengthPolicy):
+class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
     """The draft length with the most expected tokens per unit of target time.
 
     The default policy for drafters.  It models the chance ``a(i)`` that draft token
@@ -69,6 +66,11 @@ class PositionalDraftLength(DraftLengthPolicy):
     been observed (replayed on recorded SmolLM2 outputs, ``bench/replay_drafting.py``:
     open text 0.96-0.98x plain without it, 0.98-1.00x with it, copies unchanged).
 
+    Trees of candidates (several continuations in one target pass) are selected from
+    the same model, with a learnt acceptance per rank of alternative, and priced with
+    the target's tree cost curve: :meth:`select_tree` and :meth:`observe_tree`, in
+    ``drafters/_tree_selection.py``.
+
     What it learns is kept on the object (across the ``generate`` calls of one decoder,
     see the module docstring); :meth:`reset` forgets it.
 
@@ -103,11 +105,6 @@ class PositionalDraftLength(DraftLengthPolicy):
 
     #: A source not drafted from for this many proposals is tried with one token.
     PROBE_EVERY = 16
-    #: Prior chance that an alternative (a node's second, third... child in a tree of
-    #: candidates) is kept, given that the children tried before it were rejected.
-    PRIOR_ALTERNATIVE = 0.3
-    #: Alternatives of rank beyond this share the last cell.
-    MAX_RANK = 3
     #: Evidence beyond this match length shares one set of cells.
     MAX_EVIDENCE = 32
     #: Upper ends of the evidence buckets that share cells (the last is MAX_EVIDENCE).
@@ -390,187 +387,6 @@ class PositionalDraftLength(DraftLengthPolicy):
             shifted = _shifted(self.prior(evidence, position), math.exp(theta))
             theta = min(high, max(low, theta + self.offset_rate * (success - shifted)))
         self._offsets[source] = theta
-
-    # -- trees of candidates ----------------------------------------------------------
-
-    def _alternative(self, key, rank: int) -> float:
-        """Estimated chance that a rank-``rank`` child is kept, the earlier ones rejected."""
-        cell = self._cells.get(self._alternative_cell(key, rank))
-        prior = self.PRIOR_ALTERNATIVE
-        if cell is None:
-            return prior
-        return (cell.kept + self.prior_strength * prior) / (cell.tested + self.prior_strength)
-
-    def _alternative_cell(self, key, rank: int) -> tuple:
-        # Negative positions: the alternatives' cells, apart from the positions'.
-        return self._cell_key(key, 0)[:2] + (-min(rank, self.MAX_RANK),)
-
-    def _conditionals(self, key, tree: DraftTree) -> np.ndarray:
-        """Each node's chance of being kept given its parent was and earlier siblings not."""
-        chain = self.acceptances(key, int(tree.depth.max()))
-        return np.array(
-            [
-                chain[d - 1] if r == 0 else self._alternative(key, r)
-                for d, r in zip(tree.depth.tolist(), tree.rank.tolist(), strict=True)
-            ]
-        )
-
-    def select_tree(self, key, tree: DraftTree) -> np.ndarray:
-        """Which nodes of a tree of candidates to verify: the most expected tokens per cost.
-
-        A node is kept with chance ``m(v)``: its parent's, times the chance that its
-        earlier siblings are rejected, times its own conditional acceptance (a rank-0
-        node's is the chain's ``a(depth)``; an alternative's, learnt per rank, starts at
-        :attr:`PRIOR_ALTERNATIVE`).  A step verifying a set S emits ``1 + sum of m(v)``
-        tokens in expectation for a pass over ``|S| + 1`` tokens; the nodes are added
-        best first (a node only after its parent and its earlier siblings, the order
-        verification tries them in), and the prefix of that order with the most
-        expected tokens per unit of cost wins: for a chain, :meth:`length`'s answer.
-        A selection of the first candidate's first nodes is verified as a chain and
-        costs a chain pass; any other costs a tree pass (the target's
-        ``tree_cost_curve``, through the cost curve given to :meth:`start`), so
-        alternatives are selected only where they pay for the dearer pass.
-
-        Parameters
-        ----------
-        key : tuple (source, evidence)
-            As for :meth:`length`.
-        tree : DraftTree
-            The candidates.
-
-        Returns
-        -------
-        numpy.ndarray of bool, shape (N,)
-            The selected nodes (closed under parents and earlier siblings); none
-            selected is a plain step.
-        """
-        n_nodes = len(tree)
-        selected = np.zeros(n_nodes, dtype=bool)
-        budget = min(n_nodes, self._max)
-        if budget <= 0:
-            return selected
-        c = self._conditionals(key, tree)
-        first_child = np.full(n_nodes + 1, -1, dtype=np.int64)  # of node i - 1
-        next_sibling = np.full(n_nodes, -1, dtype=np.int64)
-        last_child = np.full(n_nodes + 1, -1, dtype=np.int64)
-        for i, parent in enumerate(tree.parents.tolist()):
-            if first_child[parent + 1] < 0:
-                first_child[parent + 1] = i
-            else:
-                next_sibling[last_child[parent + 1]] = i
-            last_child[parent + 1] = i
-        draft_cost = self.draft_cost
-        if self.target_cost == "measured":
-            chain_costs = [self._timer.drafts(n, self._cost) for n in range(budget + 1)]
-            tree_costs = chain_costs  # timings by length only: trees are not told apart
-        else:
-            chain_costs = self._cost.drafts_table(budget)
-            tree_costs = self._cost.tree_drafts_table(budget)
-        chain_costs = [v + draft_cost * n for n, v in enumerate(chain_costs[: budget + 1])]
-        tree_costs = [v + draft_cost * n for n, v in enumerate(tree_costs[: budget + 1])]
-        # frontier: (-m, node, chance that the parent is kept and the earlier siblings not)
-        root = int(first_child[0])
-        frontier = [(-c[root], root, 1.0)]
-        order, best_n, best_rate, expected = [], 0, 1.0 / chain_costs[0], 1.0
-        depth, is_chain = tree.depth, True  # the order so far is nodes 0, 1, ...
-        while frontier and len(order) < budget:
-            negative_m, node, reach = heapq.heappop(frontier)
-            order.append(node)
-            expected -= negative_m
-            n = len(order)
-            # The first candidate's first nodes are verified as a chain (a cheaper pass).
-            is_chain = is_chain and node == n - 1 and depth[node] == n
-            rate = expected / (chain_costs[n] if is_chain else tree_costs[n])
-            if n >= self.min_tokens and rate > best_rate * (1.0 + 1e-9):
-                best_n, best_rate = n, rate
-            child, sibling = int(first_child[node + 1]), int(next_sibling[node])
-            if child >= 0:
-                heapq.heappush(frontier, (negative_m * c[child], child, -negative_m))
-            if sibling >= 0:
-                rest = reach * (1.0 - c[node])
-                heapq.heappush(frontier, (-rest * c[sibling], sibling, rest))
-        if self.min_tokens and best_n < min(self.min_tokens, len(order)):
-            best_n = min(self.min_tokens, len(order))
-        chosen = order[:best_n]
-        n_chain, chain_rate = self._best_chain(tree, c, chain_costs, budget)
-        if n_chain and chain_rate > best_rate * (1.0 + 1e-9):
-            # The order reached an alternative before the chain's best length, and a
-            # tree pass costs more: the chain alone pays better.
-            chosen = list(range(n_chain))
-        n_chosen = self._probe(key, len(chosen))
-        if n_chosen > len(chosen):  # a probe: the first node
-            chosen = order[:n_chosen]
-        selected[chosen] = True
-        return selected
-
-    def _best_chain(self, tree: DraftTree, c, costs, budget: int) -> tuple:
-        """``(n, rate)``: the best prefix of the first candidate, verified as a chain."""
-        best_n, best_rate = 0, 0.0
-        expected, survive = 1.0, 1.0
-        for node in range(min(budget, len(tree))):
-            if tree.depth[node] != node + 1:
-                break
-            survive *= c[node]
-            expected += survive
-            n = node + 1
-            if n >= self.min_tokens and expected / costs[n] > best_rate * (1.0 + 1e-9):
-                best_n, best_rate = n, expected / costs[n]
-        return best_n, best_rate
-
-    def observe_tree(
-        self, key, tree: DraftTree, selected, path, next_token: int, target_seconds: float
-    ) -> None:
-        """Learn from one verified tree.
-
-        Parameters
-        ----------
-        key : tuple (source, evidence)
-            As given to :meth:`select_tree`.
-        tree : DraftTree
-            The candidates.
-        selected : numpy.ndarray of bool
-            :meth:`select_tree`'s answer.
-        path : sequence of int
-            The kept nodes (indices in ``tree``), root to leaf.
-        next_token : int
-            The token drawn after the last kept node, -1 if it was not drawn (the
-            output's end).
-        target_seconds : float
-            Wall time of the target pass.
-
-        Notes
-        -----
-        Every kept node is a success of its cell; the selected children of the last
-        kept node (or of the root) were all tried and rejected; and the next token,
-        drawn from the target's law without those, matches the first unselected child
-        with exactly the chance that child would have been kept: a free observation
-        (the chain's shadow).
-        """
-        outcomes = [(int(v), 1.0) for v in path]
-        last = int(path[-1]) if len(path) else -1
-        children = np.flatnonzero(tree.parents == last)  # in rank order
-        for child in children.tolist():
-            if selected[child]:
-                outcomes.append((child, 0.0))
-            else:
-                if next_token >= 0:
-                    outcomes.append((child, float(tree.tokens[child] == next_token)))
-                break
-        # the best candidate's chain (nodes 0, 1, ... at depths 1, 2, ...) teaches the offset
-        depth = tree.depth
-        self._learn_offset(
-            key, [(node + 1, success) for node, success in outcomes if depth[node] == node + 1]
-        )
-        cells, memory = self._cells, self.memory
-        for node, success in outcomes:
-            rank = int(tree.rank[node])
-            if rank == 0:
-                cell = self._cell_key(key, int(tree.depth[node]))
-            else:
-                cell = self._alternative_cell(key, rank)
-            cells[cell] = cells.get(cell, NO_TALLY).add(success, 1.0, memory)
-        if self.target_cost == "measured":
-            self._timer.record(int(np.count_nonzero(selected)), target_seconds)
 
 
 def _shifted(prior: float, odds: float) -> float:
