@@ -258,6 +258,25 @@ def test_transformers_tree_rows_equal_each_branch_in_one_pass(tiny_llama, name, 
     assert target.n_evaluated_tokens - evaluated <= 2
 
 
+def test_transformers_tree_pass_holds_only_the_last_prefix_token_and_the_nodes(tiny_llama):
+    # An uncached prefix goes through the ordinary causal pass first: under the tree's
+    # 4-D mask a long prompt costs a quarter more (SmolLM2, 250 tokens).
+    from specdec.models import TransformersModel
+
+    target = TransformersModel(tiny_llama, cost_curve=[1.0])
+    batches = []
+    evaluate_tree = target._evaluate_tree
+    target._evaluate_tree = lambda ids, *a: batches.append(len(ids)) or evaluate_tree(ids, *a)
+    prefix = [5, 17, 3, 60, 8, 9, 40]
+    tokens, parents = np.array([4, 6, 7]), np.array([-1, 0, -1])
+    rows = target.forward_tree(prefix, tokens, parents)
+    assert batches == [1 + len(tokens)]
+    assert target.n_evaluated_tokens == len(prefix) + len(tokens)
+    judge = TransformersModel(tiny_llama, cost_curve=[1.0])
+    expected = judge.forward(np.array([prefix + [4]]), logits_to_keep=2)[0]
+    np.testing.assert_allclose(rows[:2], expected, atol=TF_TOL, rtol=0)
+
+
 def test_transformers_tree_decoding_greedy_equals_plain(tiny_llama, backend):
     import specdec
     from specdec.drafters import PositionalDraftLength, PromptLookup
