@@ -128,13 +128,11 @@ def measure_cost_curve(model: Any, max_length: int | None) -> np.ndarray:
         Medians of the rounds, made non-decreasing (a pass over more tokens never
         costs less; a dip is noise).
     """
-    key = model._calibration_key()
-    if key is not None and key in _MEASURED:
-        return _MEASURED[key]
-    curve = _measure(model, max_length, "chain", MEASURED_SIZES, _chain_pass, None)
-    if key is not None:
-        _MEASURED[key] = curve
-    return curve
+    return _kept(
+        _MEASURED,
+        model,
+        lambda: _measure(model, max_length, "chain", MEASURED_SIZES, _chain_pass, None),
+    )
 
 
 def measure_tree_cost_curve(model: Any, max_length: int | None, chain: np.ndarray) -> np.ndarray:
@@ -161,12 +159,21 @@ def measure_tree_cost_curve(model: Any, max_length: int | None, chain: np.ndarra
         The read-only curve: element ``i`` is a tree pass over ``i + 1`` tokens (``i``
         nodes), relative to a one-token pass; float64, ``MAX_TOKENS`` elements.
     """
+    return _kept(
+        _MEASURED_TREES,
+        model,
+        lambda: _measure(model, max_length, "tree", TREE_SIZES, _tree_pass, chain),
+    )
+
+
+def _kept(store: dict, model: Any, measure) -> np.ndarray:
+    """``store``'s curve for ``model``'s calibration key, measured (and kept) if absent."""
     key = model._calibration_key()
-    if key is not None and key in _MEASURED_TREES:
-        return _MEASURED_TREES[key]
-    curve = _measure(model, max_length, "tree", TREE_SIZES, _tree_pass, chain)
+    if key is not None and key in store:
+        return store[key]
+    curve = measure()
     if key is not None:
-        _MEASURED_TREES[key] = curve
+        store[key] = curve
     return curve
 
 
