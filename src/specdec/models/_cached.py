@@ -150,9 +150,11 @@ class PrefixCachedModel(abc.ABC):
         here), and the draft-length policy verifies a tree only when its expected
         tokens pay for that.  Given at creation (``tree_cost_curve=...``), or measured
         on first access (the policy's first tree) by a calibration like that of
-        :attr:`cost_curve`, over two-branch trees of 2, 4, 8 and 15 nodes, each timed
-        with the one-token pass after it along the first branch; about half the
-        time of the chain's calibration.  A read-only 1-D float64 array
+        :attr:`cost_curve`: two-branch trees of 2, 4, 8 and 15 nodes and chains of as
+        many tokens are timed side by side (each with the one-token pass after it),
+        and the median of the paired differences is the trees' premium over
+        :attr:`cost_curve` (about as long as the chain's calibration).  A read-only
+        1-D float64 array
         (element 0 is 1.0, element 1, one node, is the chain's), kept for the
         process per model and thread setting like :attr:`cost_curve`.  None for an
         adapter without ``forward_tree``, and when ``cost_curve`` was given but this

@@ -41,6 +41,8 @@ MEASURED_SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 ROUNDS = 5
 #: After this many seconds no new round starts (at least one round always runs).
 TIME_BUDGET = 4.0
+#: Seconds of warm-up passes (one token and MAX_TOKENS, in turn; at least one each).
+WARM_UP = 0.5
 #: Tokens of the made-up context evaluated first when the cache is empty.
 CONTEXT_TOKENS = 32
 
@@ -131,7 +133,7 @@ def measure_cost_curve(model: Any, max_length: int | None) -> np.ndarray:
     return _kept(
         _MEASURED,
         model,
-        lambda: _measure(model, max_length, "chain", MEASURED_SIZES, _chain_pass, None),
+        lambda: _chain_curve(model, max_length),
     )
 
 
@@ -141,7 +143,10 @@ def measure_tree_cost_curve(model: Any, max_length: int | None, chain: np.ndarra
     Each timed tree has two branches of equal depth (a node more in the first when the
     count is odd) after the last token, and is timed, as a chain pass is, after a
     one-token pass and together with the one-token pass that follows it (along the
-    first branch, the one the adapters' caches keep).
+    first branch, the one the adapters' caches keep).  Chains of the same sizes are
+    timed in the same rounds, and the tree's premium over them (a median of paired
+    differences) is added to ``chain``: two calibrations run at different moments
+    would differ by the change of load between them, more than by the premium.
 
     Parameters
     ----------
@@ -162,7 +167,7 @@ def measure_tree_cost_curve(model: Any, max_length: int | None, chain: np.ndarra
     return _kept(
         _MEASURED_TREES,
         model,
-        lambda: _measure(model, max_length, "tree", TREE_SIZES, _tree_pass, chain),
+        lambda: _tree_curve(model, max_length, chain),
     )
 
 
@@ -201,12 +206,13 @@ def _tree_pass(model: Any, seq: np.ndarray, n_base: int, k: int) -> None:
     model.forward(after[None, :], logits_to_keep=1)
 
 
-def _measure(model, max_length, what: str, sizes, timed_pass, floor) -> np.ndarray:
-    """The protocol shared by both curves: ``sizes`` timed in interleaved rounds.
+def _timed_rounds(model, max_length, what: str, plan) -> dict:
+    """Time ``plan``'s passes in interleaved rounds; ``{(kind, k): [seconds by round]}``.
 
-    ``timed_pass(model, seq, n_base, k)`` runs the pass over ``k`` tokens and the
-    one-token pass after it; one-token chain passes (``k = 1``) are timed in the same
-    rounds as the unit.  ``floor``: a curve the result may not fall below.
+    ``plan`` is a list of ``(kind, k)``, kind ``"chain"`` or ``"tree"`` (a two-branch tree
+    over ``k`` tokens).  Each timing holds the pass and the one-token pass after it, both
+    after a one-token pass, as in decoding; a round times every entry once (in reverse
+    order every other round), so that a change of load hits all entries of a round alike.
     """
     logger.info(
         "specdec: measuring %s's cost of a %s pass over 1..%d tokens (once per process "
@@ -226,9 +232,9 @@ def _measure(model, max_length, what: str, sizes, timed_pass, floor) -> np.ndarr
         base, restore = probe[:CONTEXT_TOKENS], 0  # a made-up context, dropped afterwards
     seq = np.concatenate([base, probe[CONTEXT_TOKENS:]])
     n_base = base.size
-    plan = [(1, _chain_pass)] + [(k, timed_pass) for k in sizes if k > 1 or what != "chain"]
+    passes = {"chain": _chain_pass, "tree": _tree_pass}
 
-    def one_pass(k: int, run) -> float:
+    def one_pass(kind: str, k: int) -> float:
         # As in decoding: the pass over k tokens comes after a one-token pass, and the
         # next step's one-token pass is timed with it.  That pass pays for the batch
         # before it (llama.cpp: a token after a batch of 16 took 15% longer than after
@@ -240,38 +246,68 @@ def _measure(model, max_length, what: str, sizes, timed_pass, floor) -> np.ndarr
             model._evaluate(seq[:n_base], n_cached, 1)
         model._evaluate(seq[: n_base + 1], n_base, 1)
         begin = time.perf_counter()
-        run(model, seq, n_base, k)
+        passes[kind](model, seq, n_base, k)
         return time.perf_counter() - begin
 
     try:
-        one_pass(1, _chain_pass)  # warm-up: the first passes fault weights and buffers in
-        one_pass(MAX_TOKENS, timed_pass)
-        times: dict = {k: [] for k, _ in plan}
+        # Warm-up: the first passes fault weights and buffers in.  With one pass of
+        # each, a process's first calibration once came out a quarter flatter than the
+        # next ones (LlamaCppTreeModel: 2 tokens 1.36x against 1.90x); with half a
+        # second of them the first two calibrations of a process agree within 7%.
+        warm = time.perf_counter()
+        while time.perf_counter() - warm < WARM_UP:
+            one_pass("chain", 1)
+            one_pass(plan[-1][0], MAX_TOKENS)
+        started = time.perf_counter()
+        times: dict = {entry: [] for entry in plan}
         for round_ in range(ROUNDS):
             if round_ and time.perf_counter() - started > TIME_BUDGET:
                 break
-            for k, run in plan if round_ % 2 == 0 else plan[::-1]:
-                times[k].append(one_pass(k, run))
+            for kind, k in plan if round_ % 2 == 0 else plan[::-1]:
+                times[kind, k].append(one_pass(kind, k))
     finally:
         model._roll_back(restore)
+    logger.info(
+        "specdec: %s %s cost curve measured in %.1f s",
+        type(model).__name__,
+        what,
+        time.perf_counter() - started,
+    )
+    return times
+
+
+def _chain_curve(model, max_length) -> np.ndarray:
+    """Chain passes over ``MEASURED_SIZES`` tokens, the others interpolated."""
+    times = _timed_rounds(model, max_length, "chain", [("chain", k) for k in MEASURED_SIZES])
     # A timing holds the pass and the one-token pass after it; for k = 1, two one-token
     # passes: a pass over k tokens costs (timing(k) - timing(1) / 2) one-token passes.
-    sizes = sorted(times)
-    medians = np.array([np.median(times[k]) for k in sizes])
+    medians = np.array([np.median(times["chain", k]) for k in MEASURED_SIZES])
     one = medians[0] / 2.0
-    curve = np.interp(np.arange(1, MAX_TOKENS + 1), sizes, (medians - one) / one)
-    if floor is not None:
-        curve = np.maximum(curve, floor[:MAX_TOKENS])
-        curve[1] = floor[1]  # one node: a chain
+    curve = np.interp(np.arange(1, MAX_TOKENS + 1), MEASURED_SIZES, (medians - one) / one)
+    return _finished(curve)
+
+
+def _tree_curve(model, max_length, chain: np.ndarray) -> np.ndarray:
+    """``chain`` plus a tree's premium, from trees and chains timed side by side.
+
+    The premium at each size is the median over the rounds of the tree's timing minus
+    the chain's of the same round (a paired difference: a change of load between rounds
+    cancels), never below 0; a tree of one node (2 tokens) is a chain.
+    """
+    plan = [("chain", 1)] + [(kind, k) for k in TREE_SIZES for kind in ("chain", "tree")]
+    times = _timed_rounds(model, max_length, "tree", plan)
+    one = np.median(times["chain", 1]) / 2.0
+    premium = [
+        max(float(np.median(np.subtract(times["tree", k], times["chain", k]))), 0.0) / one
+        for k in TREE_SIZES
+    ]
+    extra = np.interp(np.arange(1, MAX_TOKENS + 1), (2, *TREE_SIZES), [0.0, *premium])
+    return _finished(np.asarray(chain[:MAX_TOKENS], dtype=np.float64) + extra)
+
+
+def _finished(curve: np.ndarray) -> np.ndarray:
+    """Non-decreasing (a dip is noise), 1.0 for one token, read-only."""
     curve = np.maximum.accumulate(curve)
     curve[0] = 1.0
     curve.flags.writeable = False
-    seconds = time.perf_counter() - started
-    logger.info(
-        "specdec: %s %s cost curve measured in %.1f s: 8 tokens cost %.2f one-token passes",
-        type(model).__name__,
-        what,
-        seconds,
-        curve[7],
-    )
     return curve
