@@ -144,21 +144,22 @@ class PrefixCachedModel(abc.ABC):
         """Time of a tree pass over ``i + 1`` tokens relative to one token; None without trees.
 
         For adapters that score a tree of drafts in one pass (``forward_tree``): element
-        ``i`` is a pass over the last token and ``i`` tree nodes.  A tree pass costs
-        more than a chain over as many tokens (the branches' sequence ids in
-        llama.cpp, the 4-D attention mask in PyTorch: 8-17% more for SmolLM2-135M
-        here), and the draft-length policy verifies a tree only when its expected
-        tokens pay for that.  Given at creation (``tree_cost_curve=...``), or measured
-        on first access (the policy's first tree) by a calibration like that of
-        :attr:`cost_curve`: two-branch trees of 2, 4, 8 and 15 nodes and chains of as
-        many tokens are timed side by side (each with the one-token pass after it),
-        and the median of the paired differences is the trees' premium over
-        :attr:`cost_curve` (about as long as the chain's calibration).  A read-only
-        1-D float64 array
-        (element 0 is 1.0, element 1, one node, is the chain's), kept for the
-        process per model and thread setting like :attr:`cost_curve`.  None for an
-        adapter without ``forward_tree``, and when ``cost_curve`` was given but this
-        curve was not (no calibration runs then; trees are priced as chains).
+        ``i`` is a pass over the last token and ``i`` tree nodes.  A tree pass may cost
+        more than a chain over as many tokens (the branches' sequence ids in llama.cpp,
+        the 4-D attention mask in PyTorch: for SmolLM2-135M here from nothing to a
+        third of a one-token pass), and the draft-length policy verifies a tree only
+        when its expected tokens pay for that.
+
+        Given at creation (``tree_cost_curve=...``), or measured on first access (the
+        policy's first tree) by a calibration like that of :attr:`cost_curve`:
+        two-branch trees of 2, 4, 8 and 15 nodes and chains of as many tokens are timed
+        side by side (each with the one-token pass after it), and the median of the
+        paired differences is the trees' premium over :attr:`cost_curve` (about as long
+        as the chain's calibration).  A read-only 1-D float64 array (element 0 is 1.0,
+        element 1, one node, is the chain's), kept for the process per model and thread
+        setting like :attr:`cost_curve`.  None for an adapter without ``forward_tree``,
+        and when ``cost_curve`` was given but this curve was not (no calibration runs
+        then; trees are priced as chains).
 
         Returns
         -------
