@@ -594,6 +594,29 @@ class Bench:
 
         return body, finish
 
+    def adapter_curves(self) -> dict:
+        """The curves the adapters' own calibrations gave the policy, where measured.
+
+        Read from what the adapters kept (no calibration is started here): the chain's
+        ``cost_curve`` and, for the adapters that scored trees, ``tree_cost_curve``.
+        """
+        adapters = {
+            "llama": self.target,
+            "llama-tree": getattr(self, "tree_target", None),
+            "transformers": self.hf_target,
+        }
+        curves = {}
+        for name, adapter in adapters.items():
+            chain = getattr(adapter, "_cost_curve", None)
+            if chain is None:
+                continue
+            tree = getattr(adapter, "_tree_cost_curve", None)
+            curves[name] = {
+                "chain": [round(float(v), 3) for v in chain],
+                "tree": None if tree is None else [round(float(v), 3) for v in tree],
+            }
+        return curves
+
     def cost_curve(self, backend: str, sizes=(1, 2, 3, 5, 9, 11), rounds: int = 5) -> dict:
         """Time of a target pass over k new tokens relative to one token (median of rounds).
 
@@ -790,6 +813,7 @@ def run_all(config: Config, progress=print, checkpoint=None) -> tuple[list[Recor
                 checkpoint(records, dict(meta, load_after=_load(), partial=True))
     for backend in backends:
         meta["cost_curves"][backend].append(bench.cost_curve(backend))
+    meta["adapter_curves"] = bench.adapter_curves()
     meta["load_after"] = _load()
     meta["seconds"] = time.perf_counter() - started
     return records, meta

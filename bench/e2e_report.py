@@ -219,6 +219,19 @@ def markdown(records: list, config, meta: dict) -> str:
             + " |"
         )
         lines.append("")
+        for name, adapter in (meta.get("adapter_curves") or {}).items():
+            # what the policy was told in this process (the adapter's own calibration)
+            chain, tree = adapter["chain"], adapter["tree"]
+            line = f"- {name} adapter's calibration: " + ", ".join(
+                f"k={k} {chain[int(k) - 1]:.2f}" for k in sizes
+            )
+            if tree is not None:
+                line += "; a tree's premium " + ", ".join(
+                    f"k={k} {tree[int(k) - 1] - chain[int(k) - 1]:+.2f}" for k in sizes
+                )
+            lines.append(line)
+        if meta.get("adapter_curves"):
+            lines.append("")
     # per-prompt ratios and draft-length histograms
     lines.append("#### Per prompt: ratio to the baseline (median tokens/s over repeats)")
     lines.append("")
