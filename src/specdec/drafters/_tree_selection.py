@@ -6,7 +6,8 @@ offsets, the cost curve) to trees of candidates, with one learnt acceptance per 
 of alternative, and learns from each verified tree.  It relies on the policy's
 attributes (``_cells``, ``_cost``, ``_timer``, ``_max``, ``prior_strength``,
 ``min_tokens``, ``draft_cost``, ``memory``, ``target_cost``) and methods
-(``acceptances``, ``_cell_key``, ``_probe``, ``_learn_offset``).
+(``acceptances``, ``cost``, ``_best_length``, ``_cell_key``, ``_probe``,
+``_learn_offset``).
 """
 
 from __future__ import annotations
@@ -100,15 +101,16 @@ class TreeSelection:
             else:
                 next_sibling[last_child[parent + 1]] = i
             last_child[parent + 1] = i
-        draft_cost = self.draft_cost
-        if self.target_cost == "measured":
-            chain_costs = [self._timer.drafts(n, self._cost) for n in range(budget + 1)]
-            tree_costs = chain_costs  # timings by length only: trees are not told apart
-        else:
+        if self.target_cost == "measured":  # timings by length only: trees not told apart
+            chain_costs = tree_costs = [self.cost(n) for n in range(budget + 1)]
+        else:  # the kept tables (this runs on every step)
             chain_costs = self._cost.drafts_table(budget)
             tree_costs = self._cost.tree_drafts_table(budget)
-        chain_costs = [v + draft_cost * n for n, v in enumerate(chain_costs[: budget + 1])]
-        tree_costs = [v + draft_cost * n for n, v in enumerate(tree_costs[: budget + 1])]
+        if self.draft_cost:
+            chain_costs, tree_costs = (
+                [v + self.draft_cost * n for n, v in enumerate(costs)]
+                for costs in (chain_costs, tree_costs)
+            )
         # frontier: (-m, node, chance that the parent is kept and the earlier siblings not)
         root = int(first_child[0])
         frontier = [(-c[root], root, 1.0)]
@@ -133,7 +135,10 @@ class TreeSelection:
         if self.min_tokens and best_n < min(self.min_tokens, len(order)):
             best_n = min(self.min_tokens, len(order))
         chosen = order[:best_n]
-        n_chain, chain_rate = self._best_chain(tree, c, chain_costs, budget)
+        n_first = 0  # the first candidate's nodes: 0, 1, ... at depths 1, 2, ...
+        while n_first < budget and depth[n_first] == n_first + 1:
+            n_first += 1
+        n_chain, chain_rate = self._best_length(key, n_first)
         if n_chain and chain_rate > best_rate * (1.0 + 1e-9):
             # The order reached an alternative before the chain's best length, and a
             # tree pass costs more: the chain alone pays better.
@@ -143,20 +148,6 @@ class TreeSelection:
             chosen = order[:n_chosen]
         selected[chosen] = True
         return selected
-
-    def _best_chain(self, tree: DraftTree, c, costs, budget: int) -> tuple:
-        """``(n, rate)``: the best prefix of the first candidate, verified as a chain."""
-        best_n, best_rate = 0, 0.0
-        expected, survive = 1.0, 1.0
-        for node in range(min(budget, len(tree))):
-            if tree.depth[node] != node + 1:
-                break
-            survive *= c[node]
-            expected += survive
-            n = node + 1
-            if n >= self.min_tokens and expected / costs[n] > best_rate * (1.0 + 1e-9):
-                best_n, best_rate = n, expected / costs[n]
-        return best_n, best_rate
 
     def observe_tree(
         self, key, tree: DraftTree, selected, path, next_token: int, target_seconds: float

@@ -296,6 +296,16 @@ class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
         offered = min(offered, self._max)
         if offered <= 0:
             return 0
+        return self._probe(key, self._best_length(key, offered)[0])
+
+    def _best_length(self, key, offered: int) -> tuple:
+        """``(n, rate)``: the draft length in [0, offered] with the most tokens per cost.
+
+        ``n = 0`` (rate ``1 / cost(0)``) when no draft pays or ``offered`` is 0.  Also
+        the chain option of :meth:`select_tree`.
+        """
+        if offered <= 0:
+            return 0, 1.0 / self.cost(0)
         draft_cost, min_tokens = self.draft_cost, self.min_tokens
         if self.target_cost == "measured" or draft_cost:
             costs = [self.cost(n) + draft_cost * n for n in range(offered + 1)]
@@ -321,7 +331,7 @@ class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
             # (on open text most proposals end here after a position or two).
             if (expected + survive * (offered - n)) / floor[n + 1] < best_rate:
                 break
-        return self._probe(key, best_n)
+        return best_n, best_rate
 
     def _probe(self, key, best_n: int) -> int:
         """``best_n``, or 1 after PROBE_EVERY proposals of ``key`` drafted from not at all.
