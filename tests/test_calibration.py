@@ -403,7 +403,9 @@ def test_measured_tree_curve_leaves_the_cache_consistent(tiny_lm, monkeypatch):
     adapter = models.TransformersModel(tiny_lm)
     fresh = models.TransformersModel(tiny_lm)
     adapter.forward(np.array([PROMPT]), logits_to_keep=1)
+    evaluated = adapter.n_evaluated_tokens, adapter.n_forward_calls
     tree = adapter.tree_cost_curve
+    assert (adapter.n_evaluated_tokens, adapter.n_forward_calls) == evaluated
     _check_curve(tree)
     assert np.all(tree >= adapter.cost_curve)  # never below a chain of as many tokens
     np.testing.assert_array_equal(adapter.cached_tokens, PROMPT)
