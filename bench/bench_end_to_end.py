@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gzip
 import json
 import os
 import platform
@@ -890,7 +891,7 @@ def main(argv=None) -> int:
     if args.kinds:
         config.kinds = args.kinds.split(",")
     if args.from_json:
-        data = json.loads(Path(args.from_json).read_text())
+        data = json.loads(_read_text(args.from_json))
         if "benchmarks" in data:  # pytest-benchmark's JSON
             extras = [b["extra_info"] for b in data["benchmarks"] if "records" in b["extra_info"]]
             records = [Record(**r) for extra in extras for r in extra["records"]]
@@ -910,8 +911,8 @@ def main(argv=None) -> int:
         return 0
 
     def save(records, meta):
-        Path(args.json).write_text(
-            json.dumps({"meta": meta, "records": [asdict(r) for r in records]}, indent=1)
+        _write_text(
+            args.json, json.dumps({"meta": meta, "records": [asdict(r) for r in records]}, indent=1)
         )
 
     records, meta = run_all(
@@ -923,6 +924,23 @@ def main(argv=None) -> int:
         save(records, meta)
     print(markdown(records, config, meta))
     return 0
+
+
+def _read_text(path: str) -> str:
+    """A records file's text; gzip-compressed when its name ends in ``.gz``."""
+    if path.endswith(".gz"):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return f.read()
+    return Path(path).read_text(encoding="utf-8")
+
+
+def _write_text(path: str, text: str) -> None:
+    """Write a records file, gzip-compressed when its name ends in ``.gz``."""
+    if path.endswith(".gz"):
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        Path(path).write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":
