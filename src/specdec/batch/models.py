@@ -74,7 +74,7 @@ def plain_chat_format(encode: Callable) -> Callable:
 def _drafter(name: str):
     from specdec.drafters import PromptLookup, SuffixDrafter
 
-    return PromptLookup() if name == "lookup" else SuffixDrafter()
+    return {"lookup": PromptLookup, "suffix": SuffixDrafter}[name]()
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,9 @@ class ToyModels:
 
         kwargs = {} if self.max_bytes is None else {"max_bytes": self.max_bytes}
         draft_model, target = byte_corpus.load_default_models(**kwargs)
-        draft = {"ngram": draft_model, "none": None}.get(self.draft) or _drafter(self.draft)
+        draft = _drafter(self.draft) if self.draft in ("lookup", "suffix") else None
+        if self.draft == "ngram":
+            draft = draft_model
         return BatchModels(
             target,
             draft,

@@ -4,9 +4,10 @@
 builds its models once (from a picklable factory such as
 :class:`~specdec.batch.models.ModelSpec`) and turns a batch of requests (a column of
 :meth:`BatchRequest.to_json` texts) into a column of JSON records.  Ray is the
-scheduler: actors are restarted and their tasks retried when an actor dies
-(``max_restarts``, ``max_task_retries``), and a retried batch's output replaces the
-lost one, so each request is in the output once.
+scheduler: Ray Data restarts a dead actor and retries its tasks (its actor pools
+default to ``max_restarts=-1`` and ``max_task_retries=-1``, which this stage keeps),
+and a retried batch's output replaces the lost one, so each request is in the output
+once (the writer also drops a record delivered twice).
 """
 
 from __future__ import annotations
@@ -23,9 +24,6 @@ from specdec.batch.runner import BatchOptions, RequestRunner
 __all__ = ["RAY_HINT", "SpecdecStage", "serve_on_ray", "import_ray"]
 
 RAY_HINT = 'pip install "cyspecdec[ray]"'
-#: Restarts of a dead actor, and retries of its tasks (-1: no limit, as Ray Data's own default).
-ACTOR_RESTARTS = -1
-TASK_RETRIES = -1
 
 
 def import_ray():
@@ -103,6 +101,7 @@ def serve_on_ray(
     if not ray.is_initialized():
         ray.init(address=address, logging_level=logging.WARNING, include_dashboard=False)
     context = ray.data.DataContext.get_current()
+    logging.getLogger("ray.data").setLevel(logging.ERROR)  # no plans, timings, notices
     context.enable_progress_bars = False  # ours is on stderr already
     dataset = ray.data.from_items([{"request": r.to_json()} for r in requests])
     served = dataset.map_batches(
@@ -110,10 +109,8 @@ def serve_on_ray(
         fn_constructor_args=(factory, options),
         batch_size=1,  # a request is the unit of retry and of progress
         batch_format="numpy",
-        concurrency=actors,
+        compute=ray.data.ActorPoolStrategy(size=actors),
         num_cpus=1,
-        max_restarts=ACTOR_RESTARTS,
-        max_task_retries=TASK_RETRIES,
     )
     for row in served.iter_rows():
         yield json.loads(row["record"])
