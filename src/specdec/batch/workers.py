@@ -18,7 +18,7 @@ from concurrent.futures.process import BrokenProcessPool
 from specdec.batch.requests import BatchRequest
 from specdec.batch.runner import BatchOptions, RequestRunner
 
-__all__ = ["WorkerError", "serve_in_processes"]
+__all__ = ["WorkerError", "serve_in_processes", "start_workers"]
 
 #: Requests in flight per worker: one running, one waiting, so no worker idles.
 IN_FLIGHT_PER_WORKER = 2
@@ -45,8 +45,33 @@ def _serve(request: BatchRequest) -> dict:
     return _runner.run(request)
 
 
+def start_workers(factory: Callable, options: BatchOptions, workers: int) -> ProcessPoolExecutor:
+    """A pool of *workers* spawned processes, each building its models with *factory* once.
+
+    Parameters
+    ----------
+    factory : callable
+        Picklable; returns :class:`~specdec.batch.models.BatchModels`.
+    options : BatchOptions
+    workers : int
+
+    Returns
+    -------
+    concurrent.futures.ProcessPoolExecutor
+        For :func:`serve_in_processes` (``pool=``); the caller shuts it down.
+    """
+    context = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_start, initargs=(factory, options)
+    )
+
+
 def serve_in_processes(
-    requests: Iterable[BatchRequest], factory: Callable, options: BatchOptions, workers: int
+    requests: Iterable[BatchRequest],
+    factory: Callable,
+    options: BatchOptions,
+    workers: int,
+    pool: ProcessPoolExecutor | None = None,
 ) -> Iterator[dict]:
     """Serve *requests* in *workers* processes; yield the records as they finish.
 
@@ -59,6 +84,10 @@ def serve_in_processes(
     options : BatchOptions
     workers : int
         Processes.
+    pool : ProcessPoolExecutor, optional
+        Workers already started by :func:`start_workers` with the same factory and
+        options (kept running afterwards); default: a pool of its own, shut down at
+        the end.
 
     Yields
     ------
@@ -70,10 +99,9 @@ def serve_in_processes(
     WorkerError
         A worker could not build its models, or died.
     """
-    context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_start, initargs=(factory, options)
-    )
+    own = pool is None
+    if own:
+        pool = start_workers(factory, options, workers)
     waiting = iter(requests)
     pending = set()
     try:
@@ -96,4 +124,8 @@ def serve_in_processes(
                 if request is not None:
                     pending.add(pool.submit(_serve, request))
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        if own:
+            pool.shutdown(wait=False, cancel_futures=True)
+        else:
+            for future in pending:
+                future.cancel()
