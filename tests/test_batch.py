@@ -327,3 +327,41 @@ def test_options_are_checked_before_any_work(tmp_path, capsys):
     assert not Path(output).exists()
     with pytest.raises(ValueError, match="workers must be an int >= 1"):
         run_requests([GOOD], TOY, workers=0)
+
+
+# -- SmolLM2 (the llama extra) -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2_installed():
+    try:
+        import llama_cpp  # noqa: F401
+
+        from specdec.models import smollm2_path
+
+        return smollm2_path()
+    except (ImportError, FileNotFoundError) as exc:
+        if os.environ.get("SPECDEC_REQUIRE_MODELS") == "1":
+            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
+        pytest.skip(f"SmolLM2 through llama-cpp-python is not installed: {exc}")
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_installed):
+    from specdec.batch import ModelSpec
+
+    return ModelSpec("smollm2", "lookup", context=1024)()  # what the CLI's options build
+
+
+def test_smollm2_chat_requests_are_its_greedy_replies(smollm2, backend):
+    messages = [{"role": "user", "content": "Repeat exactly: the cat sat on the mat."}]
+    request = {"custom_id": "c", "url": "/v1/chat/completions", "body": {"messages": messages}}
+    options = BatchOptions(max_tokens=24, backend=backend)
+    (record,) = run_requests([request], lambda: smollm2, options)  # in-process: no pickling
+    check_openai_record(record)
+    models = smollm2
+    ids = models.encode_chat(messages)
+    out, _ = specdec.sample(models.target, ids, 24, models.stop_ids[0], temperature=0.0)
+    reply = models.detokenize([t for t in out[len(ids) :] if t not in models.stop_ids])
+    assert record["response"]["body"]["choices"][0]["message"]["content"] == reply
+    assert record["response"]["body"]["model"] == "smollm2"
