@@ -365,3 +365,34 @@ def test_smollm2_chat_requests_are_its_greedy_replies(smollm2, backend):
     reply = models.detokenize([t for t in out[len(ids) :] if t not in models.stop_ids])
     assert record["response"]["body"]["choices"][0]["message"]["content"] == reply
     assert record["response"]["body"]["model"] == "smollm2"
+
+
+def test_the_progress_bar_counts_requests_tokens_and_drafts_kept(capsys):
+    from specdec.batch.job import BatchSummary
+    from specdec.cli.batch import _BatchProgress
+
+    progress = _BatchProgress()
+    progress.start_run(BatchSummary(requests=9, skipped=1))
+    progress.bar.enabled, progress.bar.delay = True, 0.0  # as on a terminal, at once
+    records = run_requests(mixed_requests(4), TOY)
+    for record in records:
+        progress.bar.drawn_at = None  # draw every update (the bar draws ten times a second)
+        progress(record)
+    line = capsys.readouterr().err.split("\r")[-1].rstrip()  # padded over a longer line
+    stats = [r["response"]["body"]["specdec"] for r in records]
+    drafted = sum(s["drafted"] for s in stats)
+    assert drafted, "nothing drafted: the share kept is not shown"
+    kept = f"{sum(s['drafts_kept'] for s in stats) / drafted:.0%} drafts kept"
+    assert line.startswith("batch [") and "] 4/8 requests, " in line and "tokens/s" in line
+    assert line.endswith(kept), line
+
+
+def test_openai_fields_at_their_neutral_value_are_accepted():
+    body = {"prompt": "a", "max_tokens": 4, "n": 1, "stream": None, "logprobs": False,
+            "presence_penalty": 0, "logit_bias": {}, "model": "gpt-x", "user": "u"}  # fmt: skip
+    (record,) = run_requests([{"custom_id": "a", "url": "/v1/completions", "body": body}], TOY)
+    assert record["response"]["status_code"] == 200, record
+    body["presence_penalty"] = 0.5
+    (record,) = run_requests([{"custom_id": "a", "url": "/v1/completions", "body": body}], TOY)
+    message = record["response"]["body"]["error"]["message"]
+    assert "body.presence_penalty is not supported" in message

@@ -21,7 +21,8 @@ Examples
 
 from specdec.batch.job import BatchSummary, run_batch, run_requests
 from specdec.batch.models import BatchModels, ModelSpec, ToyModels
-from specdec.batch.requests import BatchRequest, derived_seed, parse_lines
+from specdec.batch.records import derived_seed
+from specdec.batch.requests import BatchRequest, parse_lines
 from specdec.batch.runner import BatchOptions, RequestRunner
 
 __all__ = [

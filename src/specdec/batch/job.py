@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.batch.output import ResultFile, record_key
-from specdec.batch.requests import BadLine, BatchRequest, error_record, parse_lines
+from specdec.batch.records import error_record
+from specdec.batch.requests import BadLine, BatchRequest, parse_lines
 from specdec.batch.runner import BatchOptions, RequestRunner
 
 __all__ = ["BatchSummary", "run_batch", "run_requests", "serve"]
@@ -151,6 +152,7 @@ def run_batch(
     workers: int = 1,
     ray=False,
     retry_failed: bool = False,
+    on_start: Callable | None = None,
     on_record: Callable | None = None,
 ) -> BatchSummary:
     """Run an OpenAI Batch file into an output file; rerun to resume.
@@ -172,6 +174,9 @@ def run_batch(
         Serve on Ray (True: ``RAY_ADDRESS`` or a local cluster; a str: its address).
     retry_failed : bool, default False
         Run the requests whose records in the output failed again.
+    on_start : callable, optional
+        ``on_start(summary)`` once the output is read, before any work (``requests``
+        and ``skipped`` are known).
     on_record : callable, optional
         ``on_record(record)`` after each record is written (a progress bar).
 
@@ -199,6 +204,8 @@ def run_batch(
         todo = [r for r in requests if r.custom_id not in output.done]
         todo_bad = [b for b in bad if b.key not in output.done]
         summary.skipped = summary.requests - len(todo) - len(todo_bad)
+        if on_start is not None:
+            on_start(summary)
         records = (_bad_record(b) for b in todo_bad)
         served = serve(todo, factory, options, workers=workers, ray=ray)
         for record in _chain(records, served):

@@ -1,4 +1,4 @@
-"""OpenAI Batch lines read into requests, and the result and error records written back.
+"""OpenAI Batch lines read into requests (their records are written by :mod:`.records`).
 
 An input line is ``{"custom_id", "method": "POST", "url", "body"}``; ``url`` is
 ``/v1/chat/completions`` (``body.messages``) or ``/v1/completions`` (``body.prompt``).
@@ -11,10 +11,8 @@ context) is checked by the runner.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import time
 from dataclasses import dataclass, field
 
 from specdec._validation import SamplingControls, is_int, is_real
@@ -27,11 +25,8 @@ __all__ = [
     "BatchRequest",
     "DuplicateCustomId",
     "RequestError",
-    "derived_seed",
-    "error_record",
     "parse_lines",
     "parse_request",
-    "result_record",
 ]
 
 CHAT_URL = "/v1/chat/completions"
@@ -157,8 +152,9 @@ def _check_stop(body) -> tuple:
 
 def _check_unsupported(body) -> None:
     for name, neutral in _NEUTRAL.items():
-        value = body.get(name, neutral)
-        if value != neutral and not (neutral is None and value in ({}, [], False, 0)):
+        value = body.get(name)
+        empty = neutral is None and value in ({}, [], False, 0)
+        if value is not None and value != neutral and not empty:
             raise RequestError(f"body.{name} is not supported by specdec (got {value!r})")
 
 
@@ -298,110 +294,3 @@ def parse_lines(lines) -> tuple[list[BatchRequest], list[BadLine]]:
 def _key(line: int) -> str:
     # A line without a custom_id is remembered by its number (its record's request_id).
     return f"line-{line}"
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
-
-
-def derived_seed(seed: int, custom_id: str) -> int:
-    """The seed of a request without ``body.seed``: a stable hash of the run's seed and its id.
-
-    SHA-256, not Python's ``hash`` (salted per process): every worker, machine and
-    resume derives the same seed.
-
-    Parameters
-    ----------
-    seed : int
-        The run's ``--seed``.
-    custom_id : str
-        The request's id.
-
-    Returns
-    -------
-    int
-        In ``[0, 2**63)``.
-    """
-    digest = hashlib.sha256(f"{seed}\x00{custom_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-def _envelope(custom_id, key: str, status: int, body: dict, error=None) -> dict:
-    return {
-        "id": f"batch_req_{_digest(key)}",
-        "custom_id": custom_id,
-        "response": {"status_code": status, "request_id": key, "body": body},
-        "error": error,
-    }
-
-
-def error_record(custom_id, key: str, message: str, status: int = 400) -> dict:
-    """The output record of a request that failed.
-
-    Parameters
-    ----------
-    custom_id : str or None
-        The request's id (None for a line without one).
-    key : str
-        What the output remembers it by (the id, else ``line-N``): the ``request_id``.
-    message : str
-        One line.
-    status : int, default 400
-        400 for a request that cannot be served, 500 for a failure while serving it.
-
-    Returns
-    -------
-    dict
-    """
-    kind = "invalid_request_error" if status == 400 else "server_error"
-    message = " ".join(str(message).split())
-    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-    return _envelope(custom_id, key, status, body)
-
-
-def result_record(request: BatchRequest, *, model: str, text: str, finish_reason: str,
-                  prompt_tokens: int, completion_tokens: int, specdec: dict) -> dict:  # fmt: skip
-    """The output record of a request served: a chat.completion or text_completion body.
-
-    Parameters
-    ----------
-    request : BatchRequest
-    model : str
-        The model's name, for ``body.model``.
-    text : str
-        The completion.
-    finish_reason : {"stop", "length"}
-    prompt_tokens, completion_tokens : int
-        For ``usage``.
-    specdec : dict
-        specdec's own statistics, in ``body.specdec``.
-
-    Returns
-    -------
-    dict
-    """
-    if request.is_chat:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish_reason,
-        }
-        kind, prefix = "chat.completion", "chatcmpl"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        kind, prefix = "text_completion", "cmpl"
-    body = {
-        "id": f"{prefix}-{_digest(request.custom_id)}",
-        "object": kind,
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-        "specdec": specdec,
-    }
-    return _envelope(request.custom_id, request.custom_id, 200, body)

@@ -14,13 +14,8 @@ import numpy as np
 
 import specdec
 from specdec.batch.models import BatchModels
-from specdec.batch.requests import (
-    BatchRequest,
-    RequestError,
-    derived_seed,
-    error_record,
-    result_record,
-)
+from specdec.batch.records import derived_seed, error_record, result_record
+from specdec.batch.requests import BatchRequest, RequestError
 from specdec.drafters import Drafter
 from specdec.drafters.cost import DEFAULT_COST_CURVE, CostCurve
 from specdec.drafters.positional import PositionalDraftLength

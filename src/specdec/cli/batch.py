@@ -118,10 +118,15 @@ def _validate(args) -> None:
 class _BatchProgress:
     """The bar: requests done, tokens per second, drafts kept (drawn only on a terminal)."""
 
-    def __init__(self, total: int):
-        self.bar = Progress("batch", total, unit="requests")
+    def __init__(self):
+        self.bar = Progress("batch", 0, unit="requests")
         self.start = time.perf_counter()
         self.done = self.tokens = self.drafted = self.kept = 0
+
+    def start_run(self, summary) -> None:
+        """The requests left to serve are known (the output was read)."""
+        self.bar.total = summary.requests - summary.skipped
+        self.start = time.perf_counter()
 
     def __call__(self, record: dict) -> None:
         self.done += 1
@@ -167,9 +172,7 @@ def run_batch_command(args) -> int:
             import_ray()
         except ImportError as error:
             raise CLIError(str(error)) from None
-    with open(args.input, "rb") as file:
-        lines = sum(1 for line in file if line.strip())
-    progress = _BatchProgress(lines)
+    progress = _BatchProgress()
     try:
         summary = run_batch(
             args.input,
@@ -179,6 +182,7 @@ def run_batch_command(args) -> int:
             workers=args.workers,
             ray=args.ray,
             retry_failed=args.retry_failed,
+            on_start=progress.start_run,
             on_record=progress,
         )
     except DuplicateCustomId as error:
