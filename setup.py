@@ -43,10 +43,15 @@ def _extensions():
         # linking an OpenMP runtime.  -ffp-contract=off keeps every multiply and
         # add a separate IEEE operation, as NumPy performs them in the Python twin
         # (bit-identical weights); never -ffast-math (see _kernels.h).
+        # -fno-trapping-math changes no result: it only tells the compiler that no one
+        # reads the floating-point exception flags, without which GCC will not turn the
+        # row law's comparisons into blends below AVX-512 (the weight loop stays
+        # scalar on AVX2 and SSE2).
         compile_args = [
             "-O3" if not debug else "-O0",
             "-fopenmp-simd",
             "-ffp-contract=off",
+            "-fno-trapping-math",
             "-g0" if not debug else "-g",
         ]
     core = Extension(

@@ -27,6 +27,10 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 EXP_LOWEST_F32 = -87.0
 EXP_LOWEST_F64 = -708.0
 
+#: The compiled core's SIMD levels, best first (the level numbers of _kernels.h; each
+#: holds every kernel, see there).  SPECDEC_SIMD names one (_backend.py).
+SIMD_LEVELS = ("avx512", "avx2", "baseline")
+
 #: Kernel error codes, shared by both backends (_core.pyx repeats them as a C enum and
 #: checks at import that they agree).
 NONFINITE_LOGITS = 1

@@ -38,6 +38,7 @@ from specdec import _common
 from specdec._common import (BLOCK_SIZE, InvalidLogitsError, check_row_laws_args, check_tree_args,
                              check_verify_args)
 from specdec._common import SHIFT_LIMIT as _SHIFT_LIMIT
+from specdec._common import SIMD_LEVELS as _SIMD_LEVELS
 from specdec._validation import SamplingControls
 
 assert SD_BLOCK == BLOCK_SIZE, "_kernels.h and _common.py disagree on the block size"
@@ -54,6 +55,39 @@ cdef enum:
 assert (NONFINITE_LOGITS, ALL_MASKED_LOGITS, EMPTY_LAW) == (
     _common.NONFINITE_LOGITS, _common.ALL_MASKED_LOGITS, _common.EMPTY_LAW), (
     "_core.pyx and _common.py disagree on the error codes")
+
+# The SIMD levels of _kernels.h, numbered in _common.SIMD_LEVELS's order (best first).
+# The best one this CPU supports is active from import on; _backend.py applies
+# SPECDEC_SIMD through _use_simd_level.
+assert len(_SIMD_LEVELS) == SD_LEVEL_COUNT, "_common.py and _kernels.h disagree on the levels"
+
+
+def _supported_simd_levels():
+    """The SIMD levels this core holds and this CPU runs, best first."""
+    return tuple(name for i, name in enumerate(_SIMD_LEVELS) if sd_level_supported(i))
+
+
+def _simd_level():
+    """The name of the active SIMD level."""
+    return _SIMD_LEVELS[sd_active_level]
+
+
+def _use_simd_level(str name):
+    """Make `name` the active SIMD level; return the previous one's name.
+
+    Not thread-safe: for import (SPECDEC_SIMD), tests and benchmarks only.
+    """
+    if name not in _SIMD_LEVELS:
+        raise ValueError(f"SIMD level must be one of {_SIMD_LEVELS}, got {name!r}")
+    previous = _simd_level()
+    if sd_use_level(_SIMD_LEVELS.index(name)) != 0:
+        raise RuntimeError(
+            f"SIMD level {name!r} is not available on this CPU or in this build "
+            f"(available: {', '.join(_supported_simd_levels())})")
+    return previous
+
+
+_use_simd_level(_supported_simd_levels()[0])
 
 # Above this many scaled units between a row's maximum and the provisional shift, the
 # weights are recomputed from the maximum (e^64 < float's largest / V).
