@@ -47,6 +47,7 @@ def _load_core() -> ModuleType | None:
         ) from exc
     _share_docstrings(_core)
     _force_simd_level(_core, os.environ.get("SPECDEC_SIMD", "").strip().lower())
+    _fallback.FUSED_F32 = _core._simd_level_fuses()
     return _core
 
 
@@ -121,7 +122,10 @@ def _use_simd_level(name: str) -> str:
     """
     if _core is None:
         raise ImportError("SIMD levels need specdec's compiled core")
-    return _core._use_simd_level(name)
+    previous = _core._use_simd_level(name)
+    # the twin computes the active level's float exp (see _fallback.FUSED_F32)
+    _fallback.FUSED_F32 = _core._simd_level_fuses()
+    return previous
 
 
 def available_backends() -> tuple[str, ...]:

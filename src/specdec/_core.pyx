@@ -72,6 +72,11 @@ def _simd_level():
     return _SIMD_LEVELS[sd_active_level]
 
 
+def _simd_level_fuses():
+    """Whether the active level computes the float exp's multiply-adds fused (FMA)."""
+    return bool(sd_level_fuses(sd_active_level))
+
+
 def _use_simd_level(str name):
     """Make `name` the active SIMD level; return the previous one's name.
 

@@ -84,3 +84,4 @@ cdef extern from "_kernels.h" nogil:
     int sd_active_level
     int sd_level_supported(int level)
     int sd_use_level(int level)
+    int sd_level_fuses(int level)

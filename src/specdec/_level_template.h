@@ -28,12 +28,12 @@
  * Every step is one IEEE operation written out in order, and the build turns off
  * floating-point contraction (-ffp-contract=off), so these are the operations
  * _fallback.py performs with NumPy.  The float version uses fused multiply-adds
- * (SD_FMAF): NumPy emulates each as a float64 multiply-add rounded to float, and so
- * does the baseline level of x86-64, which has no FMA instruction (a float product is
- * exact in double; libm's software fmaf would cost more than the whole exp).  The
- * emulation equals the fused operation except when the double rounding hits a tie
- * (probability about 2^-29 per operation), so the weights of every level and of the
- * twin are bit-identical in practice, and the baseline's are the twin's exactly.
+ * (SD_FMAF), which NumPy emulates as float64 multiply-adds rounded to float: the same
+ * result except when the double rounding hits a tie (probability about 2^-29 per
+ * operation), so the weights of the FMA levels and of the twin are bit-identical in
+ * practice.  A baseline without FMA (x86-64's SSE2) rounds the product and the sum
+ * separately instead (see SD_FMAF in _kernels.h), and so does the twin while that
+ * level is active.
  * The double version uses no FMA: its twin is exact. */
 SD_INLINE float SD_LV(sd_exp_f32)(float z)
 {
