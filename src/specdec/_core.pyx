@@ -588,7 +588,9 @@ cdef int verify_block_nogil(const target_logit_t *rows, const int64_t *tokens,
     after the last row and its residual draw needs them: keeping them costs no pass
     over the vocabulary, where recomputing the chosen row would cost an exp pass and,
     for model drafts, a residual pass.  The residual block sums computed for h_i are
-    the ones the final draw uses.  For one-hot drafts r_i = p_i (Z_i - w_i(x)) / Z_i
+    the ones the final draw uses; the h_i are tried from the last row down, so only the
+    rows from tau up get a residual pass (none when every draft is kept).  For one-hot
+    drafts r_i = p_i (Z_i - w_i(x)) / Z_i
     in closed form (no residual pass), and the residual is P_i without x.
     Once p_i = 0, every later h is 0: the rows after it are not read.
     """
@@ -600,41 +602,51 @@ cdef int verify_block_nogil(const target_logit_t *rows, const int64_t *tokens,
     cdef const draft_weight_t *q_row = NULL
     cdef const target_logit_t *row
     cdef double ratio = 1.0, mass, denom, h, t, qx, u
-    cdef bint reached_end = True
+    cdef Py_ssize_t rows_read = 0
     cdef int err = 0
     for i in range(n_draft):
         work.etas[i] = bitgen.next_double(bitgen.state)
+    # Forward: every row's law and the prefix ratios p_i.
     for i in range(n_draft):
         if ratio == 0.0:
-            reached_end = False
             break
         row_index[0] = i
         row = rows + i * n
         w_i = store + i * n
-        blocks_i = work.store_blocks + i * nb
         law_i = &work.store_laws[i]
-        err = row_law(row, n, c, work, law_i, w_i, blocks_i, row + n)
+        err = row_law(row, n, c, work, law_i, w_i, work.store_blocks + i * nb, row + n)
         if err:
             return err
+        rows_read = i + 1
         x = tokens[i]
         if q != NULL:
             q_row = q + i * q_stride
         work.store_ratios[i] = ratio
-        if i >= 1:
-            if q == NULL:
-                mass = ratio * ((law_i.total - <double> w_i[x]) / law_i.total)
-            else:
-                mass = residual_sum(w_i, q_row, n, ratio, law_i.total, q_laws[i].total, blocks_i)
-            work.store_masses[i] = mass
-            denom = mass + (1.0 - ratio)
-            h = mass / denom if denom > 0.0 else 1.0
-            if work.etas[i - 1] < h:
-                tau = i
         qx = draft_probability(q_row, &q_laws[i] if q != NULL else NULL, x)
         t = ratio * (<double> w_i[x] / law_i.total)
         ratio = 0.0 if t == 0.0 else (1.0 if t >= qx else t / qx)
-    if reached_end and n_draft > 0 and work.etas[n_draft - 1] < ratio:
+    # Backward: tau is the *largest* i with eta_i < h_i, so the h_i are tried from the
+    # last one down and the search stops at the first success: the residual passes of
+    # the rows below tau are never needed (when every draft is kept, none is).  Same
+    # uniforms, same tau as computing every h_i first.
+    if rows_read == n_draft and n_draft > 0 and work.etas[n_draft - 1] < ratio:
         tau = n_draft
+    else:
+        for i in range(rows_read - 1, 0, -1):
+            w_i = store + i * n
+            law_i = &work.store_laws[i]
+            x = tokens[i]
+            if q == NULL:
+                mass = work.store_ratios[i] * ((law_i.total - <double> w_i[x]) / law_i.total)
+            else:
+                mass = residual_sum(w_i, q + i * q_stride, n, work.store_ratios[i], law_i.total,
+                                    q_laws[i].total, work.store_blocks + i * nb)
+            work.store_masses[i] = mass
+            denom = mass + (1.0 - work.store_ratios[i])
+            h = mass / denom if denom > 0.0 else 1.0
+            if work.etas[i - 1] < h:
+                tau = i
+                break
     n_accepted[0] = tau
     token[0] = -1
     if tau == n_draft:
