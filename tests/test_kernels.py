@@ -553,6 +553,23 @@ def test_verify_rejects_mismatched_shapes(kernels, case, temperature):
         kernels.verify(*_verify_args(kernels, temperature=temperature, **changes))
 
 
+@pytest.mark.parametrize(
+    "tokens, bad",
+    [
+        (np.array([0, -1], dtype=np.int64), -1),
+        (np.array([5, 1], dtype=np.int64), 5),
+        (np.array([1, 2**40], dtype=np.int64), 2**40),
+        (np.array([1, 2**63 + 7], dtype=np.uint64), 2**63 + 7),  # not wrapped to negative
+        (np.array([0, 9], dtype=np.int32), 9),
+    ],
+)
+@pytest.mark.parametrize("block", [False, True])
+def test_verify_names_a_token_outside_the_vocabulary(kernels, tokens, bad, block):
+    # The compiled core checks int64 tokens in its own loop (not NumPy's min / max).
+    with pytest.raises(ValueError, match=rf"^verify: draft token {bad} is outside \[0, 5\)$"):
+        kernels.verify(*_verify_args(kernels, draft_tokens=tokens, block=block))
+
+
 @pytest.mark.parametrize("case", ["wrong_rank", "tokens_2d"])
 def test_verify_rejects_wrong_ranks(kernels, case):
     changes = (

@@ -112,12 +112,27 @@ def check_row_laws_args(rows, laws_out, weights_out, vocab_size: int) -> None:
         raise ValueError(f"weights_out holds {len(weights_out)} rows, {len(rows)} needed")
 
 
+def token_range_error(caller: str, token: int, vocab_size: int) -> ValueError:
+    """The error for a draft token outside [0, vocab_size), one wording for both backends."""
+    return ValueError(f"{caller}: draft token {token} is outside [0, {vocab_size})")
+
+
 def check_verify_args(
-    target_rows, draft_tokens, draft_weights, draft_laws, block, vocab_size: int, caller="verify"
+    target_rows,
+    draft_tokens,
+    draft_weights,
+    draft_laws,
+    block,
+    vocab_size: int,
+    caller="verify",
+    token_range=True,
 ) -> None:
     """Arguments of ``verify``, checked before any work; the messages name the argument.
 
     ``caller`` prefixes the messages: the kernel whose arguments these are.
+    ``token_range=False`` leaves the range of int64 tokens to the caller (the compiled
+    core checks it in its own loop over them, cheaper than two NumPy reductions at
+    every step; it raises :func:`token_range_error`).
 
     Raises
     ------
@@ -150,11 +165,10 @@ def check_verify_args(
                 f"{n} draft tokens need as many"
             )
         check_laws(draft_laws, f"{caller}: draft_laws", n)
-    if n:
+    if n and (token_range or draft_tokens.dtype != np.int64):
         low, high = int(draft_tokens.min()), int(draft_tokens.max())
-        bad = low if low < 0 else high
         if low < 0 or high >= vocab_size:
-            raise ValueError(f"{caller}: draft token {bad} is outside [0, {vocab_size})")
+            raise token_range_error(caller, low if low < 0 else high, vocab_size)
     if not isinstance(block, (bool, np.bool_)):
         raise TypeError(
             f"verify: block must be a bool (True: block verification, False: "

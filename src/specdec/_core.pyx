@@ -36,7 +36,7 @@ import numpy as np
 
 from specdec import _common
 from specdec._common import (BLOCK_SIZE, InvalidLogitsError, check_row_laws_args, check_tree_args,
-                             check_verify_args)
+                             check_verify_args, token_range_error)
 from specdec._common import SHIFT_LIMIT as _SHIFT_LIMIT
 from specdec._common import SIMD_LEVELS as _SIMD_LEVELS
 from specdec._validation import SamplingControls
@@ -746,10 +746,13 @@ def verify(target_rows, draft_tokens, draft_weights, draft_laws, bint bonus, obj
            object rng, Workspace work, block=False):
     """Compiled twin of ``specdec._fallback.verify``, whose docstring _backend copies."""
     check_verify_args(target_rows, draft_tokens, draft_weights, draft_laws, block,
-                      work.vocab_size)
+                      work.vocab_size, token_range=False)
     cdef Controls c = unpack_controls(controls)
     cdef const int64_t[::1] tokens = np.ascontiguousarray(draft_tokens, dtype=np.int64)
-    cdef Py_ssize_t n_draft = tokens.shape[0]
+    cdef Py_ssize_t n_draft = tokens.shape[0], i
+    for i in range(n_draft):  # int64 tokens' range (check_verify_args did the others')
+        if tokens[i] < 0 or tokens[i] >= work.vocab_size:
+            raise token_range_error("verify", tokens[i], work.vocab_size)
     cdef const RowLaw[::1] q_laws
     cdef const RowLaw *q_law_ptr = NULL
     if draft_laws is not None and n_draft > 0:
