@@ -758,3 +758,26 @@ def test_row_laws_rejects_bad_arguments(kernels, change, error, match):
     args.update(change)
     with pytest.raises(error, match=match):
         kernels.row_laws(**args)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_sample_token_same_result_for_any_layout_of_its_arrays(kernels, dtype, temperature):
+    """The compiled core reads plain arrays (C-contiguous, aligned, native, LAW_DTYPE itself)
+    directly and anything else through checked memoryviews: both give the same draw."""
+    vocab = 700
+    logits = (3.0 * np.random.default_rng(2).standard_normal(vocab)).astype(dtype)
+    controls = SamplingControls(temperature)
+    results = []
+    for plain in (True, False):
+        row = logits if plain else np.repeat(logits, 2)[::2].copy()  # a copy, read-only below
+        if not plain:
+            row.flags.writeable = False
+        law_dtype = LAW_DTYPE if plain else np.dtype(LAW_DTYPE.descr)  # equal, not identical
+        assert law_dtype == LAW_DTYPE
+        law, weights = np.zeros(1, law_dtype), np.zeros(vocab, dtype=dtype)
+        token = kernels.sample_token(
+            row, controls, np.random.default_rng(9), law, weights, kernels.Workspace(vocab)
+        )
+        results.append((token, law.tobytes(), weights.tobytes()))
+    assert results[0] == results[1]

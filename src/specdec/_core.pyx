@@ -24,6 +24,7 @@ within a module (a split would need ``include`` files or cross-module calls thro
 function pointers); the arithmetic itself lives in ``_kernels.h`` and its templates.
 """
 
+cimport numpy as cnp
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from libc.math cimport INFINITY, log
 from libc.stdint cimport int64_t
@@ -33,6 +34,8 @@ from numpy.random cimport bitgen_t
 from specdec._kernels cimport *
 
 import numpy as np
+
+cnp.import_array()
 
 from specdec import _common
 from specdec._common import (BLOCK_SIZE, InvalidLogitsError, check_row_laws_args, check_tree_args,
@@ -93,6 +96,9 @@ def _use_simd_level(str name):
 
 
 _use_simd_level(_supported_simd_levels()[0])
+
+# The law records' dtype, by identity (sample_token's fast path).
+_LAW_DESCR = _common.LAW_DTYPE
 
 # Above this many scaled units between a row's maximum and the provisional shift, the
 # weights are recomputed from the maximum (e^64 < float's largest / V).
@@ -389,14 +395,76 @@ cdef int greedy_token(const logit_t *x, Py_ssize_t n, Py_ssize_t *token) noexcep
 
 # --- entry points ----------------------------------------------------------------------
 
-def sample_token(const logit_t[::1] logits, object controls, object rng,
-                 RowLaw[::1] law_out, logit_t[::1] weights_out, Workspace work):
+def sample_token(logits, object controls, object rng, law_out, weights_out, Workspace work):
     """Compiled twin of ``specdec._fallback.sample_token``, whose docstring _backend copies."""
-    cdef Py_ssize_t n = logits.shape[0]
-    if n != work.vocab_size or weights_out.shape[0] != n or law_out.shape[0] < 1:
+    # A draft model calls this once per token: the usual arguments (aligned, native,
+    # C-contiguous arrays of the right types) go straight to their data; anything else
+    # through typed memoryviews, which check it and raise the errors.  The memoryviews'
+    # acquisition and fused-type dispatch cost about 1.4 us a call, the kernel at
+    # V = 64 a fraction of that.
+    cdef int kind = plain_row_kind(logits, weights_out, law_out)
+    if kind == cnp.NPY_FLOAT:
+        return sample_from[float](<const float *> cnp.PyArray_DATA(logits),
+                                  cnp.PyArray_DIM(logits, 0), controls, rng,
+                                  <RowLaw *> cnp.PyArray_DATA(law_out),
+                                  cnp.PyArray_DIM(law_out, 0),
+                                  <float *> cnp.PyArray_DATA(weights_out),
+                                  cnp.PyArray_DIM(weights_out, 0), work)
+    if kind == cnp.NPY_DOUBLE:
+        return sample_from[double](<const double *> cnp.PyArray_DATA(logits),
+                                   cnp.PyArray_DIM(logits, 0), controls, rng,
+                                   <RowLaw *> cnp.PyArray_DATA(law_out),
+                                   cnp.PyArray_DIM(law_out, 0),
+                                   <double *> cnp.PyArray_DATA(weights_out),
+                                   cnp.PyArray_DIM(weights_out, 0), work)
+    return _sample_token_views(logits, controls, rng, law_out, weights_out, work)
+
+
+cdef inline bint plain_array(object a, int typenum, bint writeable):
+    """A 1-D, aligned, native, C-contiguous ndarray of type `typenum` (writeable if asked)."""
+    if not cnp.PyArray_Check(a):
+        return False
+    cdef cnp.ndarray array = <cnp.ndarray> a
+    return (cnp.PyArray_NDIM(array) == 1 and cnp.PyArray_TYPE(array) == typenum
+            and cnp.PyArray_ISCARRAY_RO(array) and cnp.PyArray_ISNOTSWAPPED(array)
+            and (not writeable or cnp.PyArray_ISWRITEABLE(array)))
+
+
+cdef int plain_row_kind(object logits, object weights_out, object law_out):
+    """NPY_FLOAT or NPY_DOUBLE when sample_token's arrays are all plain (see there), else -1."""
+    cdef int typenum
+    if plain_array(logits, cnp.NPY_FLOAT, False):
+        typenum = cnp.NPY_FLOAT
+    elif plain_array(logits, cnp.NPY_DOUBLE, False):
+        typenum = cnp.NPY_DOUBLE
+    else:
+        return -1
+    if not plain_array(weights_out, typenum, True) or not cnp.PyArray_Check(law_out):
+        return -1
+    cdef cnp.ndarray laws = <cnp.ndarray> law_out
+    if (<object> cnp.PyArray_DESCR(laws)) is not _LAW_DESCR or cnp.PyArray_NDIM(laws) != 1:
+        return -1
+    if not (cnp.PyArray_ISCARRAY(laws) and cnp.PyArray_ISNOTSWAPPED(laws)):
+        return -1
+    return typenum
+
+
+def _sample_token_views(const logit_t[::1] logits, object controls, object rng,
+                        RowLaw[::1] law_out, logit_t[::1] weights_out, Workspace work):
+    """sample_token's arguments as typed memoryviews, which check them."""
+    return sample_from(&logits[0] if logits.shape[0] else NULL, logits.shape[0], controls, rng,
+                       &law_out[0] if law_out.shape[0] else NULL, law_out.shape[0],
+                       &weights_out[0] if weights_out.shape[0] else NULL, weights_out.shape[0],
+                       work)
+
+
+cdef object sample_from(const logit_t *x, Py_ssize_t n, object controls, object rng,
+                        RowLaw *law, Py_ssize_t n_laws, logit_t *weights, Py_ssize_t n_weights,
+                        Workspace work):
+    """sample_token on checked arrays: the row, its law's and weights' storage."""
+    if n != work.vocab_size or n_weights != n or n_laws < 1:
         raise ValueError("logits, law_out, weights_out and work do not match in size")
     cdef Controls c = unpack_controls(controls)
-    cdef const logit_t *x = &logits[0]
     cdef int err = 0
     cdef Py_ssize_t token = -1
     if c.greedy:
@@ -406,11 +474,10 @@ def sample_token(const logit_t[::1] logits, object controls, object rng,
             raise InvalidLogitsError(0, err)
         return token
 
-    cdef RowLaw *law = &law_out[0]
     bit_generator = rng.bit_generator
     cdef bitgen_t *bitgen = bitgen_of(bit_generator)
     with bit_generator.lock, nogil:
-        err = row_law(x, n, &c, work, law, &weights_out[0], work.blocks)
+        err = row_law(x, n, &c, work, law, weights, work.blocks)
         if err == 0:
             token = pick(x, n, law, c.inv_t, work.blocks,
                          bitgen.next_double(bitgen.state) * law.total)
