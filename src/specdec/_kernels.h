@@ -326,7 +326,7 @@ static const SdKernels *sd_active = &sd_kernels_baseline;
 static int sd_active_level = SD_LEVEL_BASELINE;
 
 /* Whether this build holds level `level` and this CPU (and OS) can run it. */
-static int sd_level_supported(int level)
+SD_INLINE int sd_level_supported(int level)
 {
     if (level < 0 || level >= SD_LEVEL_COUNT || sd_level_tables[level] == NULL) return 0;
 #if SD_X86_LEVELS
@@ -344,13 +344,13 @@ static int sd_level_supported(int level)
 }
 
 /* Whether level `level` computes the float exp's multiply-adds fused (SD_FMAF). */
-static int sd_level_fuses(int level)
+SD_INLINE int sd_level_fuses(int level)
 {
     return level == SD_LEVEL_BASELINE ? SD_BASELINE_FUSED : 1;
 }
 
 /* Make `level` the active one; -1 (and no change) when it is not supported. */
-static int sd_use_level(int level)
+SD_INLINE int sd_use_level(int level)
 {
     if (!sd_level_supported(level)) return -1;
     sd_active = sd_level_tables[level];
