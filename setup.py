@@ -9,6 +9,11 @@ Environment switches:
     without optimisation: for chasing a crash, not for speed.
 
 A failed compile fails the build; there is no silent fallback to the slow backend.
+
+One extension holds the kernels for every SIMD level the compiler can target (AVX-512,
+AVX2 + FMA and the baseline with GCC or clang on x86; the baseline alone elsewhere): no
+-march flag is needed or wanted here, the level is chosen at import (``SPECDEC_SIMD``
+forces one; see src/specdec/_kernels.h).
 """
 
 import os

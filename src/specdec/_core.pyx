@@ -15,7 +15,11 @@ of about 1e-16 in Z.  A decision differs only if a uniform lands within that of 
 threshold -- an acceptance ratio or a cumulative sum -- with probability about
 1e-16 per decision.
 
-The row law, the speed-critical loops and their rationale are in ``_kernels.h``.
+The row law, the speed-critical loops and their rationale are in ``_kernels.h``, which
+compiles them once per SIMD level; the functions here call the active level's (chosen at
+import, see ``_use_simd_level``).  At the x86-64 baseline level (no FMA) the float exp
+rounds each multiply and add, and the twin then does the same (``_backend`` sets
+``_fallback.FUSED_F32``), so the weights stay bit-identical at every level.
 
 Why one module of about 900 lines: every entry point here (``sample_token``, ``row_laws``,
 ``verify``, ``verify_tree``) is a thin typed layer over the same inline nogil helpers
