@@ -9,6 +9,11 @@ Environment switches:
     without optimisation: for chasing a crash, not for speed.
 
 A failed compile fails the build; there is no silent fallback to the slow backend.
+
+One extension holds the kernels for every SIMD level the compiler can target (AVX-512,
+AVX2 + FMA and the baseline with GCC or clang on x86; the baseline alone elsewhere): no
+-march flag is needed or wanted here, the level is chosen at import (``SPECDEC_SIMD``
+forces one; see src/specdec/_kernels.h).
 """
 
 import os
@@ -43,10 +48,15 @@ def _extensions():
         # linking an OpenMP runtime.  -ffp-contract=off keeps every multiply and
         # add a separate IEEE operation, as NumPy performs them in the Python twin
         # (bit-identical weights); never -ffast-math (see _kernels.h).
+        # -fno-trapping-math changes no result: it only tells the compiler that no one
+        # reads the floating-point exception flags, without which GCC will not turn the
+        # row law's comparisons into blends below AVX-512 (the weight loop stays
+        # scalar on AVX2 and SSE2).
         compile_args = [
             "-O3" if not debug else "-O0",
             "-fopenmp-simd",
             "-ffp-contract=off",
+            "-fno-trapping-math",
             "-g0" if not debug else "-g",
         ]
     core = Extension(

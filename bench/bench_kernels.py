@@ -14,6 +14,9 @@ compiled core (``specdec._core``) and its pure-Python twin (``specdec._fallback`
     verify computes one row law, rejects, and draws from the residual
     max(0, p - q) of that row;
 
+The compiled backend runs at every SIMD level this CPU supports: ``cython`` is the
+best (default) level, ``cython@avx2`` and ``cython@baseline`` the lower ones.
+
 * ``np.exp(row, out=buffer)`` over one row of the same dtype, the cost of touching
   V logits with one vectorised exponential.
 
@@ -31,13 +34,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import SEED, kernels_or_fail
+from conftest import SEED, backend_of, compiled_impls, kernels_or_fail, simd_level_of
 
 from specdec.kernels import LAW_DTYPE, SamplingControls
 
 VOCAB_SIZES = (32_000, 128_256)
 DTYPES = ("float32", "float64")
-BACKENDS = ("python", "cython")
+# the compiled backend at every SIMD level this CPU runs ("cython" is the best one)
+BACKENDS = ("python", *compiled_impls())
 GAMMA = 4
 CONTROLS = SamplingControls(1.0)  # temperature 1, no top-k / top-p / min-p
 
@@ -66,13 +70,14 @@ def _logits(rng, rows, vocab_size, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("vocab_size", VOCAB_SIZES)
 def test_sample_token(benchmark, vocab_size, dtype, backend):
-    kernels = kernels_or_fail(backend)
+    kernels = kernels_or_fail(backend_of(backend))
     rng = np.random.default_rng(SEED)
     row = _logits(rng, 1, vocab_size, dtype)[0]
     law, weights = np.zeros(1, LAW_DTYPE), np.empty(vocab_size, dtype=dtype)
     work = kernels.Workspace(vocab_size)
     _info(benchmark, "sample_token", "plain", backend, vocab_size, dtype, 1)
-    benchmark(kernels.sample_token, row, CONTROLS, rng, law, weights, work)
+    with simd_level_of(backend):
+        benchmark(kernels.sample_token, row, CONTROLS, rng, law, weights, work)
 
 
 def _verify_inputs(kernels, vocab_size, dtype, case):
@@ -111,7 +116,7 @@ def _verify_inputs(kernels, vocab_size, dtype, case):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("vocab_size", VOCAB_SIZES)
 def test_verify(benchmark, vocab_size, dtype, backend, case):
-    kernels = kernels_or_fail(backend)
+    kernels = kernels_or_fail(backend_of(backend))
     rows, weights, tokens, laws, rng, work = _verify_inputs(kernels, vocab_size, dtype, case)
     _info(
         benchmark,
@@ -122,7 +127,8 @@ def test_verify(benchmark, vocab_size, dtype, backend, case):
         dtype,
         GAMMA + 1 if case == "all-accepted" else 1,
     )
-    benchmark(kernels.verify, rows, tokens, weights, laws, True, CONTROLS, rng, work)
+    with simd_level_of(backend):
+        benchmark(kernels.verify, rows, tokens, weights, laws, True, CONTROLS, rng, work)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

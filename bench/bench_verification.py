@@ -1,7 +1,8 @@
 """Token-by-token vs block verification on the zero-cost calibrated tables.
 
 Cells: V = 32,000, per-token acceptance calibrated to about 0.5 and 0.8
-(``_benchmodels.make_pair``), gamma in {4, 8}, temperature 1, the compiled backend,
+(``_benchmodels.make_pair``), gamma in {4, 8}, temperature 1, the compiled backend at
+every SIMD level this CPU runs,
 ``verification`` in {"token", "block"}: both schemes in one run, on the same tables.
 
 Recorded per cell (``extra_info``, and a table printed at the end of the run):
@@ -29,7 +30,15 @@ import time
 
 import numpy as np
 import pytest
-from conftest import PROMPT, SEED, SUMMARY_LINES, kernels_or_fail, model_pair
+from conftest import (
+    PROMPT,
+    SEED,
+    SUMMARY_LINES,
+    compiled_impls,
+    kernels_or_fail,
+    model_pair,
+    simd_level_of,
+)
 
 from specdec import SpeculativeDecoder
 
@@ -41,13 +50,19 @@ MAX_NEW_TOKENS = 256
 N_SEEDS = 8
 ROUNDS = 5
 
+# the compiled backend at every SIMD level this CPU runs ("cython" is the best one)
+IMPLS = compiled_impls()
 CELLS = [
-    pytest.param(a, g, s, id=f"a{a}-g{g}-{s}") for a in ACCEPTANCES for g in GAMMAS for s in SCHEMES
+    pytest.param(a, g, s, impl, id=f"a{a}-g{g}-{s}-{impl}")
+    for a in ACCEPTANCES
+    for g in GAMMAS
+    for impl in IMPLS
+    for s in SCHEMES
 ]
 
 
-@pytest.mark.parametrize(("acceptance", "gamma", "verification"), CELLS)
-def test_verification(benchmark, acceptance, gamma, verification):
+@pytest.mark.parametrize(("acceptance", "gamma", "verification", "impl"), CELLS)
+def test_verification(benchmark, acceptance, gamma, verification, impl):
     kernels_or_fail("cython")
     draft, target, info = model_pair(VOCAB_SIZE, acceptance, len(PROMPT) + MAX_NEW_TOKENS)
     decoder = SpeculativeDecoder(gamma, 1.0, verification=verification, backend="cython")
@@ -67,15 +82,18 @@ def test_verification(benchmark, acceptance, gamma, verification):
         _, stats = decoder.generate(draft, target, PROMPT, MAX_NEW_TOKENS, rng=rng)
         walls.append((time.perf_counter() - start) / stats.total_tokens_generated)
 
-    benchmark.pedantic(
-        once,
-        setup=lambda: ((), {"rng": np.random.default_rng(SEED)}),
-        rounds=ROUNDS,
-        warmup_rounds=1,
-    )
+    with simd_level_of(impl) as level:
+        benchmark.pedantic(
+            once,
+            setup=lambda: ((), {"rng": np.random.default_rng(SEED)}),
+            rounds=ROUNDS,
+            warmup_rounds=1,
+        )
     extra = {
         "kind": "verification",
         "verification": verification,
+        "impl": impl,
+        "simd_level": level,
         "vocab_size": VOCAB_SIZE,
         "gamma": gamma,
         "acceptance": acceptance,
@@ -91,11 +109,11 @@ def test_verification(benchmark, acceptance, gamma, verification):
             f"{N_SEEDS} x {MAX_NEW_TOKENS} tokens per cell, compiled backend"
         )
         SUMMARY_LINES.append(
-            f"{'acceptance':>10} {'gamma':>5} {'scheme':>6} "
+            f"{'acceptance':>10} {'gamma':>5} {'level':>8} {'scheme':>6} "
             f"{'tokens/pass':>11} {'kept/pass':>9} {'us/token':>9}"
         )
     SUMMARY_LINES.append(
-        f"{acceptance:>10} {gamma:>5} {verification:>6} "
+        f"{acceptance:>10} {gamma:>5} {level:>8} {verification:>6} "
         f"{extra['tokens_per_pass']:>11.3f} {extra['kept_per_pass']:>9.3f} "
         f"{extra['us_per_token']:>9.1f}"
     )

@@ -45,12 +45,14 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from specdec.kernels import kernels_for
+from specdec._backend import _use_simd_level  # private: benchmarks switch levels at run time
+from specdec.kernels import available_simd_levels, kernels_for
 from specdec.measure import load_reference, reference_run, specdec_run
 from specdec.toymodels.tables import make_pair
 
@@ -134,6 +136,38 @@ def kernels_or_fail(backend: str):
         )
 
 
+# --- SIMD levels --------------------------------------------------------------------------
+# The compiled core holds its kernels once per SIMD level; the suites time every level
+# this CPU runs in one run: "cython" is the default (best) level, "cython@avx2" and
+# "cython@baseline" the lower ones, forced as SPECDEC_SIMD would force them.
+
+
+def compiled_impls() -> tuple[str, ...]:
+    """``"cython"`` and ``"cython@<level>"`` for every lower level this CPU runs."""
+    return ("cython", *(f"cython@{level}" for level in available_simd_levels()[1:]))
+
+
+def backend_of(impl: str) -> str:
+    """The backend of an implementation name: ``"cython@avx2"`` -> ``"cython"``."""
+    return impl.partition("@")[0]
+
+
+@contextmanager
+def simd_level_of(impl: str):
+    """Run the body at `impl`'s SIMD level; yields that level (None for non-compiled)."""
+    backend, _, level = impl.partition("@")
+    if backend != "cython":
+        yield None
+        return
+    kernels_or_fail("cython")
+    level = level or available_simd_levels()[0]
+    previous = _use_simd_level(level)
+    try:
+        yield level
+    finally:
+        _use_simd_level(previous)
+
+
 # --- the models --------------------------------------------------------------------------
 
 _PAIRS: dict = {}
@@ -209,7 +243,8 @@ def run_decoder_cell(
     ----------
     benchmark
         The pytest-benchmark fixture; its timed rounds are whole ``generate`` calls.
-    impl : {"reference", "python", "cython"}
+    impl : {"reference", "python", "cython", "cython@<level>"}
+        ``"cython@avx2"``: the compiled backend at that SIMD level (``compiled_impls``).
     vocab_size, acceptance, gamma, max_new_tokens
         The cell: a :func:`make_pair` draft and target, temperature 1.
     rounds, warmup_rounds
@@ -244,7 +279,7 @@ def run_decoder_cell(
             reference_module, draft, target, PROMPT, max_new_tokens, gamma, seed=SEED
         )
     else:
-        kernels_or_fail(impl)
+        kernels_or_fail(backend_of(impl))
         run = specdec_run(
             draft,
             target,
@@ -252,7 +287,7 @@ def run_decoder_cell(
             max_new_tokens,
             gamma,
             seed=SEED,
-            backend=impl,
+            backend=backend_of(impl),
             verification=verification,
             **controls,
         )
@@ -266,7 +301,8 @@ def run_decoder_cell(
         outcomes.append(run())
 
     outcomes: list = []
-    benchmark.pedantic(once, setup=setup, rounds=rounds, warmup_rounds=warmup_rounds)
+    with simd_level_of(impl) as level:
+        benchmark.pedantic(once, setup=setup, rounds=rounds, warmup_rounds=warmup_rounds)
     # Drop the warm-up rounds (and any extra calls, e.g. --benchmark-cprofile's).
     timed = [
         (o.wall, o.decoder, o.stats)
@@ -282,6 +318,7 @@ def run_decoder_cell(
     extra = {
         "kind": kind,
         "impl": impl,
+        "simd_level": level,
         "vocab_size": vocab_size,
         "gamma": gamma,
         "acceptance": acceptance,

@@ -12,8 +12,15 @@ import pytest
 from conftest import PURE_PYTHON
 
 import specdec
-from specdec._backend import KERNEL_FUNCTIONS, available_backends, env_flag, kernels_for
-from specdec._common import LAW_DTYPE
+from specdec import _backend
+from specdec._backend import (
+    KERNEL_FUNCTIONS,
+    available_backends,
+    available_simd_levels,
+    env_flag,
+    kernels_for,
+)
+from specdec._common import LAW_DTYPE, SIMD_LEVELS
 from specdec._validation import SamplingControls
 
 # What an installation can break: .ci/run's wheel and pure-Python stages run these (-m install).
@@ -229,3 +236,70 @@ def test_both_backends_raise_the_same_exception_types():
                 call()
             raised.setdefault(case, []).append(type(info.value))
     assert all(a is b for a, b in raised.values()), raised
+
+
+# --- SIMD levels: chosen once at import, forced with SPECDEC_SIMD ---------------------------
+
+
+def _import_with(env_value, code="import specdec.kernels as k; print(k.SIMD_LEVEL)"):
+    env = dict(os.environ, SPECDEC_SIMD=env_value)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+
+@needs_core
+def test_the_best_supported_level_is_the_default():
+    levels = available_simd_levels()
+    assert levels[-1] == "baseline" and set(levels) <= set(SIMD_LEVELS)
+    assert list(levels) == [name for name in SIMD_LEVELS if name in levels]  # best first
+    assert _import_with("").stdout.strip() == levels[0]
+
+
+@needs_core
+@pytest.mark.parametrize("level", SIMD_LEVELS)
+def test_environment_variable_forces_each_available_level(level):
+    if level not in available_simd_levels():
+        pytest.skip(f"{level} is not available on this CPU or build")
+    result = _import_with(f" {level.upper()} ")  # the name is trimmed and case-blind
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == level
+
+
+@needs_core
+def test_an_unknown_level_is_an_error_at_import():
+    result = _import_with("avx1024", code="import specdec")
+    assert result.returncode != 0
+    assert "ValueError: SPECDEC_SIMD must be one of avx512, avx2, baseline" in result.stderr
+    assert "'avx1024'" in result.stderr
+
+
+@needs_core
+def test_an_unavailable_level_is_an_error_naming_the_available_ones(monkeypatch):
+    from specdec import _core
+
+    monkeypatch.setattr(_core, "_supported_simd_levels", lambda: ("baseline",))
+    with pytest.raises(RuntimeError, match=r"SPECDEC_SIMD=avx2: .* \(available here: baseline\)"):
+        _backend._force_simd_level(_core, "avx2")
+
+
+@needs_core
+def test_the_private_hook_switches_levels_and_rejects_unknown_ones():
+    import specdec.kernels
+
+    first = specdec.kernels.SIMD_LEVEL
+    for level in available_simd_levels():
+        previous = _backend._use_simd_level(level)
+        try:
+            assert specdec.kernels.SIMD_LEVEL == level
+        finally:
+            _backend._use_simd_level(previous)
+    assert specdec.kernels.SIMD_LEVEL == first
+    with pytest.raises(ValueError, match="SIMD level must be one of"):
+        _backend._use_simd_level("avx1024")
+    assert specdec.kernels.SIMD_LEVEL == first
+
+
+@pytest.mark.skipif(not PURE_PYTHON, reason="the pure-Python backend has no SIMD level")
+def test_pure_python_has_no_simd_level():
+    import specdec.kernels
+
+    assert specdec.kernels.SIMD_LEVEL is None

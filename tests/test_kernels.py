@@ -553,6 +553,23 @@ def test_verify_rejects_mismatched_shapes(kernels, case, temperature):
         kernels.verify(*_verify_args(kernels, temperature=temperature, **changes))
 
 
+@pytest.mark.parametrize(
+    "tokens, bad",
+    [
+        (np.array([0, -1], dtype=np.int64), -1),
+        (np.array([5, 1], dtype=np.int64), 5),
+        (np.array([1, 2**40], dtype=np.int64), 2**40),
+        (np.array([1, 2**63 + 7], dtype=np.uint64), 2**63 + 7),  # not wrapped to negative
+        (np.array([0, 9], dtype=np.int32), 9),
+    ],
+)
+@pytest.mark.parametrize("block", [False, True])
+def test_verify_names_a_token_outside_the_vocabulary(kernels, tokens, bad, block):
+    # The compiled core checks int64 tokens in its own loop (not NumPy's min / max).
+    with pytest.raises(ValueError, match=rf"^verify: draft token {bad} is outside \[0, 5\)$"):
+        kernels.verify(*_verify_args(kernels, draft_tokens=tokens, block=block))
+
+
 @pytest.mark.parametrize("case", ["wrong_rank", "tokens_2d"])
 def test_verify_rejects_wrong_ranks(kernels, case):
     changes = (
@@ -741,3 +758,26 @@ def test_row_laws_rejects_bad_arguments(kernels, change, error, match):
     args.update(change)
     with pytest.raises(error, match=match):
         kernels.row_laws(**args)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_sample_token_same_result_for_any_layout_of_its_arrays(kernels, dtype, temperature):
+    """The compiled core reads plain arrays (C-contiguous, aligned, native, LAW_DTYPE itself)
+    directly and anything else through checked memoryviews: both give the same draw."""
+    vocab = 700
+    logits = (3.0 * np.random.default_rng(2).standard_normal(vocab)).astype(dtype)
+    controls = SamplingControls(temperature)
+    results = []
+    for plain in (True, False):
+        row = logits if plain else np.repeat(logits, 2)[::2].copy()  # a copy, read-only below
+        if not plain:
+            row.flags.writeable = False
+        law_dtype = LAW_DTYPE if plain else np.dtype(LAW_DTYPE.descr)  # equal, not identical
+        assert law_dtype == LAW_DTYPE
+        law, weights = np.zeros(1, law_dtype), np.zeros(vocab, dtype=dtype)
+        token = kernels.sample_token(
+            row, controls, np.random.default_rng(9), law, weights, kernels.Workspace(vocab)
+        )
+        results.append((token, law.tobytes(), weights.tobytes()))
+    assert results[0] == results[1]

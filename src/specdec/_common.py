@@ -27,6 +27,10 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 EXP_LOWEST_F32 = -87.0
 EXP_LOWEST_F64 = -708.0
 
+#: The compiled core's SIMD levels, best first (the level numbers of _kernels.h; each
+#: holds every kernel, see there).  SPECDEC_SIMD names one (_backend.py).
+SIMD_LEVELS = ("avx512", "avx2", "baseline")
+
 #: Kernel error codes, shared by both backends (_core.pyx repeats them as a C enum and
 #: checks at import that they agree).
 NONFINITE_LOGITS = 1
@@ -108,12 +112,27 @@ def check_row_laws_args(rows, laws_out, weights_out, vocab_size: int) -> None:
         raise ValueError(f"weights_out holds {len(weights_out)} rows, {len(rows)} needed")
 
 
+def token_range_error(caller: str, token: int, vocab_size: int) -> ValueError:
+    """The error for a draft token outside [0, vocab_size), one wording for both backends."""
+    return ValueError(f"{caller}: draft token {token} is outside [0, {vocab_size})")
+
+
 def check_verify_args(
-    target_rows, draft_tokens, draft_weights, draft_laws, block, vocab_size: int, caller="verify"
+    target_rows,
+    draft_tokens,
+    draft_weights,
+    draft_laws,
+    block,
+    vocab_size: int,
+    caller="verify",
+    token_range=True,
 ) -> None:
     """Arguments of ``verify``, checked before any work; the messages name the argument.
 
     ``caller`` prefixes the messages: the kernel whose arguments these are.
+    ``token_range=False`` leaves the range of int64 tokens to the caller (the compiled
+    core checks it in its own loop over them, cheaper than two NumPy reductions at
+    every step; it raises :func:`token_range_error`).
 
     Raises
     ------
@@ -146,11 +165,10 @@ def check_verify_args(
                 f"{n} draft tokens need as many"
             )
         check_laws(draft_laws, f"{caller}: draft_laws", n)
-    if n:
+    if n and (token_range or draft_tokens.dtype != np.int64):
         low, high = int(draft_tokens.min()), int(draft_tokens.max())
-        bad = low if low < 0 else high
         if low < 0 or high >= vocab_size:
-            raise ValueError(f"{caller}: draft token {bad} is outside [0, {vocab_size})")
+            raise token_range_error(caller, low if low < 0 else high, vocab_size)
     if not isinstance(block, (bool, np.bool_)):
         raise TypeError(
             f"verify: block must be a bool (True: block verification, False: "

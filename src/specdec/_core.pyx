@@ -15,7 +15,11 @@ of about 1e-16 in Z.  A decision differs only if a uniform lands within that of 
 threshold -- an acceptance ratio or a cumulative sum -- with probability about
 1e-16 per decision.
 
-The row law, the speed-critical loops and their rationale are in ``_kernels.h``.
+The row law, the speed-critical loops and their rationale are in ``_kernels.h``, which
+compiles them once per SIMD level; the functions here call the active level's (chosen at
+import, see ``_use_simd_level``).  At the x86-64 baseline level (no FMA) the float exp
+rounds each multiply and add, and the twin then does the same (``_backend`` sets
+``_fallback.FUSED_F32``), so the weights stay bit-identical at every level.
 
 Why one module of about 900 lines: every entry point here (``sample_token``, ``row_laws``,
 ``verify``, ``verify_tree``) is a thin typed layer over the same inline nogil helpers
@@ -24,6 +28,7 @@ within a module (a split would need ``include`` files or cross-module calls thro
 function pointers); the arithmetic itself lives in ``_kernels.h`` and its templates.
 """
 
+cimport numpy as cnp
 from cpython.pycapsule cimport PyCapsule_GetPointer
 from libc.math cimport INFINITY, log
 from libc.stdint cimport int64_t
@@ -34,10 +39,13 @@ from specdec._kernels cimport *
 
 import numpy as np
 
+cnp.import_array()
+
 from specdec import _common
 from specdec._common import (BLOCK_SIZE, InvalidLogitsError, check_row_laws_args, check_tree_args,
-                             check_verify_args)
+                             check_verify_args, token_range_error)
 from specdec._common import SHIFT_LIMIT as _SHIFT_LIMIT
+from specdec._common import SIMD_LEVELS as _SIMD_LEVELS
 from specdec._validation import SamplingControls
 
 assert SD_BLOCK == BLOCK_SIZE, "_kernels.h and _common.py disagree on the block size"
@@ -54,6 +62,47 @@ cdef enum:
 assert (NONFINITE_LOGITS, ALL_MASKED_LOGITS, EMPTY_LAW) == (
     _common.NONFINITE_LOGITS, _common.ALL_MASKED_LOGITS, _common.EMPTY_LAW), (
     "_core.pyx and _common.py disagree on the error codes")
+
+# The SIMD levels of _kernels.h, numbered in _common.SIMD_LEVELS's order (best first).
+# The best one this CPU supports is active from import on; _backend.py applies
+# SPECDEC_SIMD through _use_simd_level.
+assert len(_SIMD_LEVELS) == SD_LEVEL_COUNT, "_common.py and _kernels.h disagree on the levels"
+
+
+def _supported_simd_levels():
+    """The SIMD levels this core holds and this CPU runs, best first."""
+    return tuple(name for i, name in enumerate(_SIMD_LEVELS) if sd_level_supported(i))
+
+
+def _simd_level():
+    """The name of the active SIMD level."""
+    return _SIMD_LEVELS[sd_active_level]
+
+
+def _simd_level_fuses():
+    """Whether the active level computes the float exp's multiply-adds fused (FMA)."""
+    return bool(sd_level_fuses(sd_active_level))
+
+
+def _use_simd_level(str name):
+    """Make `name` the active SIMD level; return the previous one's name.
+
+    Not thread-safe: for import (SPECDEC_SIMD), tests and benchmarks only.
+    """
+    if name not in _SIMD_LEVELS:
+        raise ValueError(f"SIMD level must be one of {_SIMD_LEVELS}, got {name!r}")
+    previous = _simd_level()
+    if sd_use_level(_SIMD_LEVELS.index(name)) != 0:
+        raise RuntimeError(
+            f"SIMD level {name!r} is not available on this CPU or in this build "
+            f"(available: {', '.join(_supported_simd_levels())})")
+    return previous
+
+
+_use_simd_level(_supported_simd_levels()[0])
+
+# The law records' dtype, by identity (sample_token's fast path).
+_LAW_DESCR = _common.LAW_DTYPE
 
 # Above this many scaled units between a row's maximum and the provisional shift, the
 # weights are recomputed from the maximum (e^64 < float's largest / V).
@@ -350,14 +399,76 @@ cdef int greedy_token(const logit_t *x, Py_ssize_t n, Py_ssize_t *token) noexcep
 
 # --- entry points ----------------------------------------------------------------------
 
-def sample_token(const logit_t[::1] logits, object controls, object rng,
-                 RowLaw[::1] law_out, logit_t[::1] weights_out, Workspace work):
+def sample_token(logits, object controls, object rng, law_out, weights_out, Workspace work):
     """Compiled twin of ``specdec._fallback.sample_token``, whose docstring _backend copies."""
-    cdef Py_ssize_t n = logits.shape[0]
-    if n != work.vocab_size or weights_out.shape[0] != n or law_out.shape[0] < 1:
+    # A draft model calls this once per token: the usual arguments (aligned, native,
+    # C-contiguous arrays of the right types) go straight to their data; anything else
+    # through typed memoryviews, which check it and raise the errors.  The memoryviews'
+    # acquisition and fused-type dispatch cost about 1.4 us a call, the kernel at
+    # V = 64 a fraction of that.
+    cdef int kind = plain_row_kind(logits, weights_out, law_out)
+    if kind == cnp.NPY_FLOAT:
+        return sample_from[float](<const float *> cnp.PyArray_DATA(logits),
+                                  cnp.PyArray_DIM(logits, 0), controls, rng,
+                                  <RowLaw *> cnp.PyArray_DATA(law_out),
+                                  cnp.PyArray_DIM(law_out, 0),
+                                  <float *> cnp.PyArray_DATA(weights_out),
+                                  cnp.PyArray_DIM(weights_out, 0), work)
+    if kind == cnp.NPY_DOUBLE:
+        return sample_from[double](<const double *> cnp.PyArray_DATA(logits),
+                                   cnp.PyArray_DIM(logits, 0), controls, rng,
+                                   <RowLaw *> cnp.PyArray_DATA(law_out),
+                                   cnp.PyArray_DIM(law_out, 0),
+                                   <double *> cnp.PyArray_DATA(weights_out),
+                                   cnp.PyArray_DIM(weights_out, 0), work)
+    return _sample_token_views(logits, controls, rng, law_out, weights_out, work)
+
+
+cdef inline bint plain_array(object a, int typenum, bint writeable):
+    """A 1-D, aligned, native, C-contiguous ndarray of type `typenum` (writeable if asked)."""
+    if not cnp.PyArray_Check(a):
+        return False
+    cdef cnp.ndarray array = <cnp.ndarray> a
+    return (cnp.PyArray_NDIM(array) == 1 and cnp.PyArray_TYPE(array) == typenum
+            and cnp.PyArray_ISCARRAY_RO(array) and cnp.PyArray_ISNOTSWAPPED(array)
+            and (not writeable or cnp.PyArray_ISWRITEABLE(array)))
+
+
+cdef int plain_row_kind(object logits, object weights_out, object law_out):
+    """NPY_FLOAT or NPY_DOUBLE when sample_token's arrays are all plain (see there), else -1."""
+    cdef int typenum
+    if plain_array(logits, cnp.NPY_FLOAT, False):
+        typenum = cnp.NPY_FLOAT
+    elif plain_array(logits, cnp.NPY_DOUBLE, False):
+        typenum = cnp.NPY_DOUBLE
+    else:
+        return -1
+    if not plain_array(weights_out, typenum, True) or not cnp.PyArray_Check(law_out):
+        return -1
+    cdef cnp.ndarray laws = <cnp.ndarray> law_out
+    if (<object> cnp.PyArray_DESCR(laws)) is not _LAW_DESCR or cnp.PyArray_NDIM(laws) != 1:
+        return -1
+    if not (cnp.PyArray_ISCARRAY(laws) and cnp.PyArray_ISNOTSWAPPED(laws)):
+        return -1
+    return typenum
+
+
+def _sample_token_views(const logit_t[::1] logits, object controls, object rng,
+                        RowLaw[::1] law_out, logit_t[::1] weights_out, Workspace work):
+    """sample_token's arguments as typed memoryviews, which check them."""
+    return sample_from(&logits[0] if logits.shape[0] else NULL, logits.shape[0], controls, rng,
+                       &law_out[0] if law_out.shape[0] else NULL, law_out.shape[0],
+                       &weights_out[0] if weights_out.shape[0] else NULL, weights_out.shape[0],
+                       work)
+
+
+cdef object sample_from(const logit_t *x, Py_ssize_t n, object controls, object rng,
+                        RowLaw *law, Py_ssize_t n_laws, logit_t *weights, Py_ssize_t n_weights,
+                        Workspace work):
+    """sample_token on checked arrays: the row, its law's and weights' storage."""
+    if n != work.vocab_size or n_weights != n or n_laws < 1:
         raise ValueError("logits, law_out, weights_out and work do not match in size")
     cdef Controls c = unpack_controls(controls)
-    cdef const logit_t *x = &logits[0]
     cdef int err = 0
     cdef Py_ssize_t token = -1
     if c.greedy:
@@ -367,11 +478,10 @@ def sample_token(const logit_t[::1] logits, object controls, object rng,
             raise InvalidLogitsError(0, err)
         return token
 
-    cdef RowLaw *law = &law_out[0]
     bit_generator = rng.bit_generator
     cdef bitgen_t *bitgen = bitgen_of(bit_generator)
     with bit_generator.lock, nogil:
-        err = row_law(x, n, &c, work, law, &weights_out[0], work.blocks)
+        err = row_law(x, n, &c, work, law, weights, work.blocks)
         if err == 0:
             token = pick(x, n, law, c.inv_t, work.blocks,
                          bitgen.next_double(bitgen.state) * law.total)
@@ -549,7 +659,9 @@ cdef int verify_block_nogil(const target_logit_t *rows, const int64_t *tokens,
     after the last row and its residual draw needs them: keeping them costs no pass
     over the vocabulary, where recomputing the chosen row would cost an exp pass and,
     for model drafts, a residual pass.  The residual block sums computed for h_i are
-    the ones the final draw uses.  For one-hot drafts r_i = p_i (Z_i - w_i(x)) / Z_i
+    the ones the final draw uses; the h_i are tried from the last row down, so only the
+    rows from tau up get a residual pass (none when every draft is kept).  For one-hot
+    drafts r_i = p_i (Z_i - w_i(x)) / Z_i
     in closed form (no residual pass), and the residual is P_i without x.
     Once p_i = 0, every later h is 0: the rows after it are not read.
     """
@@ -561,41 +673,51 @@ cdef int verify_block_nogil(const target_logit_t *rows, const int64_t *tokens,
     cdef const draft_weight_t *q_row = NULL
     cdef const target_logit_t *row
     cdef double ratio = 1.0, mass, denom, h, t, qx, u
-    cdef bint reached_end = True
+    cdef Py_ssize_t rows_read = 0
     cdef int err = 0
     for i in range(n_draft):
         work.etas[i] = bitgen.next_double(bitgen.state)
+    # Forward: every row's law and the prefix ratios p_i.
     for i in range(n_draft):
         if ratio == 0.0:
-            reached_end = False
             break
         row_index[0] = i
         row = rows + i * n
         w_i = store + i * n
-        blocks_i = work.store_blocks + i * nb
         law_i = &work.store_laws[i]
-        err = row_law(row, n, c, work, law_i, w_i, blocks_i, row + n)
+        err = row_law(row, n, c, work, law_i, w_i, work.store_blocks + i * nb, row + n)
         if err:
             return err
+        rows_read = i + 1
         x = tokens[i]
         if q != NULL:
             q_row = q + i * q_stride
         work.store_ratios[i] = ratio
-        if i >= 1:
-            if q == NULL:
-                mass = ratio * ((law_i.total - <double> w_i[x]) / law_i.total)
-            else:
-                mass = residual_sum(w_i, q_row, n, ratio, law_i.total, q_laws[i].total, blocks_i)
-            work.store_masses[i] = mass
-            denom = mass + (1.0 - ratio)
-            h = mass / denom if denom > 0.0 else 1.0
-            if work.etas[i - 1] < h:
-                tau = i
         qx = draft_probability(q_row, &q_laws[i] if q != NULL else NULL, x)
         t = ratio * (<double> w_i[x] / law_i.total)
         ratio = 0.0 if t == 0.0 else (1.0 if t >= qx else t / qx)
-    if reached_end and n_draft > 0 and work.etas[n_draft - 1] < ratio:
+    # Backward: tau is the *largest* i with eta_i < h_i, so the h_i are tried from the
+    # last one down and the search stops at the first success: the residual passes of
+    # the rows below tau are never needed (when every draft is kept, none is).  Same
+    # uniforms, same tau as computing every h_i first.
+    if rows_read == n_draft and n_draft > 0 and work.etas[n_draft - 1] < ratio:
         tau = n_draft
+    else:
+        for i in range(rows_read - 1, 0, -1):
+            w_i = store + i * n
+            law_i = &work.store_laws[i]
+            x = tokens[i]
+            if q == NULL:
+                mass = work.store_ratios[i] * ((law_i.total - <double> w_i[x]) / law_i.total)
+            else:
+                mass = residual_sum(w_i, q + i * q_stride, n, work.store_ratios[i], law_i.total,
+                                    q_laws[i].total, work.store_blocks + i * nb)
+            work.store_masses[i] = mass
+            denom = mass + (1.0 - work.store_ratios[i])
+            h = mass / denom if denom > 0.0 else 1.0
+            if work.etas[i - 1] < h:
+                tau = i
+                break
     n_accepted[0] = tau
     token[0] = -1
     if tau == n_draft:
@@ -695,10 +817,13 @@ def verify(target_rows, draft_tokens, draft_weights, draft_laws, bint bonus, obj
            object rng, Workspace work, block=False):
     """Compiled twin of ``specdec._fallback.verify``, whose docstring _backend copies."""
     check_verify_args(target_rows, draft_tokens, draft_weights, draft_laws, block,
-                      work.vocab_size)
+                      work.vocab_size, token_range=False)
     cdef Controls c = unpack_controls(controls)
     cdef const int64_t[::1] tokens = np.ascontiguousarray(draft_tokens, dtype=np.int64)
-    cdef Py_ssize_t n_draft = tokens.shape[0]
+    cdef Py_ssize_t n_draft = tokens.shape[0], i
+    for i in range(n_draft):  # int64 tokens' range (check_verify_args did the others')
+        if tokens[i] < 0 or tokens[i] >= work.vocab_size:
+            raise token_range_error("verify", tokens[i], work.vocab_size)
     cdef const RowLaw[::1] q_laws
     cdef const RowLaw *q_law_ptr = NULL
     if draft_laws is not None and n_draft > 0:

@@ -111,8 +111,18 @@ def _fmaf(a, b, c):
     ).astype(_F32)
 
 
+#: Whether the float exp's multiply-adds are fused, as at the compiled core's FMA
+#: levels (and in a pure-Python install); _backend.py clears it while the core runs a
+#: level without FMA (x86-64's baseline), so that the twin computes that level's weights.
+FUSED_F32 = True
+
+
 def _exp_f32(z):
     """``sd_exp_f32`` of _kernels.h, operation for operation."""
+    return _exp_f32_fused(z) if FUSED_F32 else _exp_f32_unfused(z)
+
+
+def _exp_f32_fused(z):
     magic = _F32(12582912.0)
     t = _fmaf(z, _F32(1.44269504088896341), magic)
     n = t - magic
@@ -124,7 +134,25 @@ def _exp_f32(z):
     for coefficient in _CEPHES_EXPF_F64[1:]:
         p = (p.astype(_F64) * r64 + coefficient).astype(_F32)
     p = (p.astype(_F64) * (r * r).astype(_F64) + r64).astype(_F32)
-    p = p + _F32(1.0)
+    return _scale_f32(p + _F32(1.0), t)
+
+
+def _exp_f32_unfused(z):
+    # each multiply-add as two float32 operations, each rounded (SD_FMAF without FMA)
+    magic = _F32(12582912.0)
+    t = z * _F32(1.44269504088896341) + magic
+    n = t - magic
+    r = n * _F32(-0.693359375) + z
+    r = n * _F32(2.12194440e-4) + r
+    p = np.full_like(r, _CEPHES_EXPF[0])
+    for coefficient in _CEPHES_EXPF[1:]:
+        p = p * r + coefficient
+    p = p * (r * r) + r
+    return _scale_f32(p + _F32(1.0), t)
+
+
+def _scale_f32(p, t):
+    """Scale p by 2^n, n read from the bits of t (the rounding constant plus n)."""
     scale = ((t.view(np.uint32) - np.uint32(0x4B400000 - 127)) << np.uint32(23)).view(_F32)
     return p * scale
 

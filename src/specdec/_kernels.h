@@ -16,14 +16,25 @@
  * For float32 logits all of this is done in float (the weights), and the sums in
  * double; m, inv_t, tau and zmin are rounded to float once per row.
  *
- * The per-type code lives in two templates: _row_template.h is included once per
- * logits type and _residual_template.h once per pair of (target, draft) types.
- * Speed: the hot loops are written branch-free with a polynomial exp so that GCC
- * emits AVX-512 / AVX2 code; on
- * x86-64 glibc Linux each function marked SD_CLONES is compiled three times
- * (target_clones) and the best clone is picked at load time.  Elsewhere they are
- * compiled once for the build's baseline (no FMA on baseline x86-64: slower).  No -ffast-math: NaN checks must survive, and the sums are
- * split explicitly (omp simd reductions) instead.
+ * The per-type code lives in two templates: _row_template.h is instantiated once per
+ * logits type and _residual_template.h once per pair of (target, draft) types, both
+ * through _level_template.h, which this file includes once per SIMD level.
+ *
+ * SIMD levels.  The hot loops are written branch-free with a polynomial exp so that
+ * the compiler vectorises them; the same source is compiled for each level the
+ * compiler can target (every function of a level under that level's target options):
+ *
+ *     avx512    AVX-512 F/BW/DQ/VL with AVX2 and FMA (x86-64-v4), GCC and clang
+ *     avx2      AVX2 with FMA (x86-64-v3), GCC and clang
+ *     baseline  the build's own flags: SSE2 on x86-64, NEON on aarch64
+ *
+ * and one level is chosen at run time (sd_use_level, from _core.pyx at import): the
+ * best the CPU supports (__builtin_cpu_supports), or the one SPECDEC_SIMD forces.  The
+ * callers see one name per kernel (sd_expsum_f32...), a call through the active
+ * level's table.  MSVC and non-x86 targets get the baseline level only.
+ *
+ * No -ffast-math: NaN checks must survive, and the sums are split explicitly (omp simd
+ * reductions) instead.
  */
 #ifndef SPECDEC_KERNELS_H
 #define SPECDEC_KERNELS_H
@@ -33,12 +44,12 @@
 #include <stdint.h>
 #include <string.h>
 
-/* target_clones needs ifunc: GCC on x86-64 glibc (not musl, not macOS or Windows). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) \
-    && !defined(SPECDEC_NO_CLONES)
-#define SD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+/* The x86 levels need per-function target options and __builtin_cpu_supports. */
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) \
+    && !defined(SPECDEC_BASELINE_ONLY)
+#define SD_X86_LEVELS 1
 #else
-#define SD_CLONES
+#define SD_X86_LEVELS 0
 #endif
 
 #if defined(_MSC_VER)
@@ -52,11 +63,19 @@
 #define SD_INLINE static inline
 #endif
 
+#define SD_PASTE(a, b) a##b
+#define SD_XPASTE(a, b) SD_PASTE(a, b)
+
 #if defined(__GNUC__) || defined(__clang__)
 #define SD_PREFETCH(address) __builtin_prefetch((address), 0, 1)
 #else
 #define SD_PREFETCH(address) ((void)(address))
 #endif
+
+/* One source: EXP_LOWEST_F32/_F64 in _common.py; _core.pyx checks these at import.
+ * The exp of _level_template.h is valid from these bounds up to 0. */
+#define SD_EXP_LOWEST_F32 (-87.0f)
+#define SD_EXP_LOWEST_F64 (-708.0)
 
 /* Elements per block of the sampling pass: a draw finds its block from the block
  * sums and rescans only that block, so no V-sized CDF is ever stored. */
@@ -66,103 +85,6 @@
 #ifndef SD_PREFETCH_BLOCKS
 #define SD_PREFETCH_BLOCKS 4
 #endif
-
-/* exp(z) for SD_EXP_LOWEST_* <= z <= 0, in the precision of the logits, branch-free
- * so that loops vectorise.  Cody-Waite reduction z = n ln2 + r, |r| <= ln2/2, then a
- * polynomial (Cephes' expf for float, the degree-12 Taylor series for double), then
- * 2^n from the bits of the rounding constant.  Accuracy: about 1 ulp of the type.
- * For z below the lowest bound (and for z = -inf) the result is garbage: sd_weight
- * masks it to 0 together with the sampling controls, which saves a clamp per element.
- * Such a weight is below 1e-38 (1e-308) of the row's largest.
- *
- * Every step is one IEEE operation written out in order, and the build turns off
- * floating-point contraction (-ffp-contract=off), so these are the operations
- * _fallback.py performs with NumPy.  The float version uses fused multiply-adds,
- * written as fmaf(); NumPy emulates each as a float64 multiply-add rounded to float,
- * which is exact except when the double rounding hits a tie (probability about
- * 2^-29 per operation), so the weights of both backends are bit-identical in
- * practice.  The double version uses no FMA: its twin is exact. */
-/* One source: EXP_LOWEST_F32/_F64 in _common.py; _core.pyx checks these at import. */
-#define SD_EXP_LOWEST_F32 (-87.0f)
-#define SD_EXP_LOWEST_F64 (-708.0)
-
-SD_INLINE float sd_exp_f32(float z)
-{
-    const float round_magic = 12582912.0f; /* 1.5 * 2^23 */
-    float t = fmaf(z, 1.44269504088896341f, round_magic);
-    float n = t - round_magic;
-    float r = fmaf(n, -0.693359375f, z);
-    r = fmaf(n, 2.12194440e-4f, r);
-    float p = 1.9875691500e-4f;
-    p = fmaf(p, r, 1.3981999507e-3f);
-    p = fmaf(p, r, 8.3334519073e-3f);
-    p = fmaf(p, r, 4.1665795894e-2f);
-    p = fmaf(p, r, 1.6666665459e-1f);
-    p = fmaf(p, r, 5.0000001201e-1f);
-    p = fmaf(p, r * r, r);
-    p = p + 1.0f;
-    uint32_t bits; /* unsigned: masked lanes (z below the bound) may wrap, defined */
-    memcpy(&bits, &t, sizeof bits);
-    uint32_t scale_bits = (bits - (0x4B400000u - 127u)) << 23;
-    float scale;
-    memcpy(&scale, &scale_bits, sizeof scale);
-    return p * scale;
-}
-
-SD_INLINE double sd_exp_f64(double z)
-{
-    const double round_magic = 6755399441055744.0; /* 1.5 * 2^52 */
-    double t = z * 1.4426950408889634 + round_magic;
-    double n = t - round_magic;
-    double r = z - n * 6.93145751953125e-1;
-    r = r - n * 1.42860682030941723212e-6;
-    double p = 2.08767569878680989792e-9;   /* 1/12! */
-    p = p * r + 2.50521083854417187751e-8;   /* 1/11! */
-    p = p * r + 2.75573192239858906526e-7;   /* 1/10! */
-    p = p * r + 2.75573192239858906526e-6;   /* 1/9! */
-    p = p * r + 2.48015873015873015873e-5;   /* 1/8! */
-    p = p * r + 1.98412698412698412698e-4;   /* 1/7! */
-    p = p * r + 1.38888888888888888889e-3;   /* 1/6! */
-    p = p * r + 8.33333333333333333333e-3;   /* 1/5! */
-    p = p * r + 4.16666666666666666667e-2;   /* 1/4! */
-    p = p * r + 1.66666666666666666667e-1;   /* 1/3! */
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    uint64_t bits;
-    memcpy(&bits, &t, sizeof bits);
-    uint64_t scale_bits = (bits - (0x4338000000000000ull - 1023u)) << 52;
-    double scale;
-    memcpy(&scale, &scale_bits, sizeof scale);
-    return p * scale;
-}
-
-/* Weight of one element under a row law (see the top of this file), computed in the
- * logits' own type: z = (x - m) * inv_t, then exp(z) unless x < tau or z < zlow,
- * where zlow = max(zmin, SD_EXP_LOWEST_*) (sd_zlow_*). */
-SD_INLINE float sd_weight_f32(float x, float m, float inv_t, float tau, float zlow)
-{
-    float z = (x - m) * inv_t;
-    float w = sd_exp_f32(z);
-    return (x >= tau && z >= zlow) ? w : 0.0f;
-}
-
-SD_INLINE double sd_weight_f64(double x, double m, double inv_t, double tau, double zlow)
-{
-    double z = (x - m) * inv_t;
-    double w = sd_exp_f64(z);
-    return (x >= tau && z >= zlow) ? w : 0.0;
-}
-
-SD_INLINE float sd_zlow_f32(double zmin)
-{
-    return (float)zmin > SD_EXP_LOWEST_F32 ? (float)zmin : SD_EXP_LOWEST_F32;
-}
-
-SD_INLINE double sd_zlow_f64(double zmin)
-{
-    return zmin > SD_EXP_LOWEST_F64 ? zmin : SD_EXP_LOWEST_F64;
-}
 
 /* The block of an inverse-CDF draw from block sums: the first block whose cumulative
  * sum exceeds *target, with the mass of the blocks before it in *below.  When
@@ -263,48 +185,183 @@ static double sd_mass_threshold(double *vals, double *ws, ptrdiff_t n, double ab
     return -INFINITY;
 }
 
-#define SD_T float
-#define SD_SUFFIX(name) name##_f32
-#include "_row_template.h"
-#undef SD_T
-#undef SD_SUFFIX
+/* The kernels the callers use, one X(return type, name, parameters, arguments) each:
+ * every level defines name##level, its table holds them in this order, and `name`
+ * itself calls the active level's. */
+#define SD_KERNELS(X)                                                                        \
+    X(double, sd_max_f32, (const float *x, ptrdiff_t n, int *bad), (x, n, bad))              \
+    X(double, sd_max_f64, (const double *x, ptrdiff_t n, int *bad), (x, n, bad))             \
+    X(ptrdiff_t, sd_first_index_f32, (const float *x, ptrdiff_t n, double value),            \
+      (x, n, value))                                                                         \
+    X(ptrdiff_t, sd_first_index_f64, (const double *x, ptrdiff_t n, double value),           \
+      (x, n, value))                                                                         \
+    X(double, sd_expsum_f32,                                                                 \
+      (const float *x, ptrdiff_t n, double m, double inv_t, double tau, double zmin,         \
+       double *blocks, float *weights, const float *prefetch, double *max_out, int *bad_out), \
+      (x, n, m, inv_t, tau, zmin, blocks, weights, prefetch, max_out, bad_out))              \
+    X(double, sd_expsum_f64,                                                                 \
+      (const double *x, ptrdiff_t n, double m, double inv_t, double tau, double zmin,        \
+       double *blocks, double *weights, const double *prefetch, double *max_out,             \
+       int *bad_out),                                                                        \
+      (x, n, m, inv_t, tau, zmin, blocks, weights, prefetch, max_out, bad_out))              \
+    X(ptrdiff_t, sd_pick_f32,                                                                \
+      (const float *x, ptrdiff_t n, double m, double inv_t, double tau, double zmin,         \
+       const double *blocks, double target),                                                 \
+      (x, n, m, inv_t, tau, zmin, blocks, target))                                           \
+    X(ptrdiff_t, sd_pick_f64,                                                                \
+      (const double *x, ptrdiff_t n, double m, double inv_t, double tau, double zmin,        \
+       const double *blocks, double target),                                                 \
+      (x, n, m, inv_t, tau, zmin, blocks, target))                                           \
+    X(double, sd_block_sum_f32, (const float *w, ptrdiff_t start, ptrdiff_t end),            \
+      (w, start, end))                                                                       \
+    X(double, sd_block_sum_f64, (const double *w, ptrdiff_t start, ptrdiff_t end),           \
+      (w, start, end))                                                                       \
+    X(ptrdiff_t, sd_stored_pick_f32,                                                         \
+      (const float *w, ptrdiff_t n, const double *blocks, double target),                    \
+      (w, n, blocks, target))                                                                \
+    X(ptrdiff_t, sd_stored_pick_f64,                                                         \
+      (const double *w, ptrdiff_t n, const double *blocks, double target),                   \
+      (w, n, blocks, target))                                                                \
+    X(double, sd_kth_largest_f32, (const float *x, ptrdiff_t n, ptrdiff_t k, double *work),  \
+      (x, n, k, work))                                                                       \
+    X(double, sd_kth_largest_f64, (const double *x, ptrdiff_t n, ptrdiff_t k, double *work), \
+      (x, n, k, work))                                                                       \
+    X(double, sd_top_p_threshold_f32,                                                        \
+      (const float *x, ptrdiff_t n, double m, double inv_t, double tau, double z_kept,       \
+       double top_p, double *vals, double *ws),                                              \
+      (x, n, m, inv_t, tau, z_kept, top_p, vals, ws))                                        \
+    X(double, sd_top_p_threshold_f64,                                                        \
+      (const double *x, ptrdiff_t n, double m, double inv_t, double tau, double z_kept,      \
+       double top_p, double *vals, double *ws),                                              \
+      (x, n, m, inv_t, tau, z_kept, top_p, vals, ws))                                        \
+    SD_RESIDUAL_KERNELS(X, f32_f32, float, float)                                            \
+    SD_RESIDUAL_KERNELS(X, f32_f64, float, double)                                           \
+    SD_RESIDUAL_KERNELS(X, f64_f32, double, float)                                           \
+    SD_RESIDUAL_KERNELS(X, f64_f64, double, double)
 
-#define SD_T double
-#define SD_SUFFIX(name) name##_f64
-#include "_row_template.h"
-#undef SD_T
-#undef SD_SUFFIX
+#define SD_RESIDUAL_KERNELS(X, pair, TP, TQ)                                                 \
+    X(double, sd_residual_sum_##pair,                                                        \
+      (const TP *wp, const TQ *wq, ptrdiff_t n, double scale, double zp, double zq,          \
+       double *blocks, double *store),                                                       \
+      (wp, wq, n, scale, zp, zq, blocks, store))                                             \
+    X(ptrdiff_t, sd_residual_pick_##pair,                                                    \
+      (const TP *wp, const TQ *wq, ptrdiff_t n, double scale, double zp, double zq,          \
+       const double *blocks, double target),                                                 \
+      (wp, wq, n, scale, zp, zq, blocks, target))
 
-#define SD_TP float
-#define SD_TQ float
-#define SD_SUFFIX(name) name##_f32_f32
-#include "_residual_template.h"
-#undef SD_TP
-#undef SD_TQ
-#undef SD_SUFFIX
+#define SD_TABLE_FIELD(ret, name, params, args) ret(*name) params;
+typedef struct {
+    SD_KERNELS(SD_TABLE_FIELD)
+} SdKernels;
+#undef SD_TABLE_FIELD
 
-#define SD_TP float
-#define SD_TQ double
-#define SD_SUFFIX(name) name##_f32_f64
-#include "_residual_template.h"
-#undef SD_TP
-#undef SD_TQ
-#undef SD_SUFFIX
+/* The levels, best first.  Each is compiled under its own target options: the
+ * compiler vectorises the same source for each (GCC's pragma, clang's attribute). */
+#if SD_X86_LEVELS
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi,bmi2"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,bmi,bmi2")
+#endif
+#define SD_LEVEL _avx512
+#define SD_FMAF(a, b, c) fmaf((a), (b), (c))
+#include "_level_template.h"
+#undef SD_LEVEL
+#undef SD_FMAF
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx2,fma,bmi,bmi2"))), apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,bmi,bmi2")
+#endif
+#define SD_LEVEL _avx2
+#define SD_FMAF(a, b, c) fmaf((a), (b), (c))
+#include "_level_template.h"
+#undef SD_LEVEL
+#undef SD_FMAF
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif /* SD_X86_LEVELS */
 
-#define SD_TP double
-#define SD_TQ float
-#define SD_SUFFIX(name) name##_f64_f32
-#include "_residual_template.h"
-#undef SD_TP
-#undef SD_TQ
-#undef SD_SUFFIX
+/* The baseline: the build's own flags.  Where they include FMA (aarch64, or x86 built
+ * with -mfma) fmaf is one instruction.  Elsewhere (x86-64's SSE2) a multiply and an
+ * add, each rounded: libm's software fmaf, or an emulation in double as the Python
+ * twin's fused mode does it, would make this level slower than the NumPy loop it
+ * replaces (0.4-0.8x the reference at V = 32,000, against 3.3x).  Its float32 weights
+ * are then within one ulp of the fused levels', and the twin follows: _backend.py
+ * switches it to the same unfused operations while such a level is active
+ * (sd_level_fuses), so that both backends still compute bit-identical weights. */
+#if defined(FP_FAST_FMAF) || defined(__FMA__) || defined(__aarch64__)
+#define SD_FMAF(a, b, c) fmaf((a), (b), (c))
+#define SD_BASELINE_FUSED 1
+#else
+#define SD_FMAF(a, b, c) ((a) * (b) + (c))
+#define SD_BASELINE_FUSED 0
+#endif
+#define SD_LEVEL _baseline
+#include "_level_template.h"
+#undef SD_LEVEL
+#undef SD_FMAF
 
-#define SD_TP double
-#define SD_TQ double
-#define SD_SUFFIX(name) name##_f64_f64
-#include "_residual_template.h"
-#undef SD_TP
-#undef SD_TQ
-#undef SD_SUFFIX
+/* Level numbers, best first; the names are _core.pyx's SIMD_LEVELS. */
+enum { SD_LEVEL_AVX512 = 0, SD_LEVEL_AVX2 = 1, SD_LEVEL_BASELINE = 2, SD_LEVEL_COUNT = 3 };
+
+static const SdKernels *const sd_level_tables[SD_LEVEL_COUNT] = {
+#if SD_X86_LEVELS
+    &sd_kernels_avx512, &sd_kernels_avx2,
+#else
+    NULL, NULL,
+#endif
+    &sd_kernels_baseline,
+};
+
+/* The active level's kernels: the baseline until sd_use_level picks another. */
+static const SdKernels *sd_active = &sd_kernels_baseline;
+static int sd_active_level = SD_LEVEL_BASELINE;
+
+/* Whether this build holds level `level` and this CPU (and OS) can run it. */
+SD_INLINE int sd_level_supported(int level)
+{
+    if (level < 0 || level >= SD_LEVEL_COUNT || sd_level_tables[level] == NULL) return 0;
+#if SD_X86_LEVELS
+    __builtin_cpu_init();
+    if (level == SD_LEVEL_AVX512)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+               && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")
+               && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+               && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+    if (level == SD_LEVEL_AVX2)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+               && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+#endif
+    return level == SD_LEVEL_BASELINE;
+}
+
+/* Whether level `level` computes the float exp's multiply-adds fused (SD_FMAF). */
+SD_INLINE int sd_level_fuses(int level)
+{
+    return level == SD_LEVEL_BASELINE ? SD_BASELINE_FUSED : 1;
+}
+
+/* Make `level` the active one; -1 (and no change) when it is not supported. */
+SD_INLINE int sd_use_level(int level)
+{
+    if (!sd_level_supported(level)) return -1;
+    sd_active = sd_level_tables[level];
+    sd_active_level = level;
+    return 0;
+}
+
+/* Each kernel's public name calls the active level's. */
+#define SD_DISPATCH(ret, name, params, args) \
+    SD_INLINE ret name params { return sd_active->name args; }
+SD_KERNELS(SD_DISPATCH)
+#undef SD_DISPATCH
 
 #endif /* SPECDEC_KERNELS_H */

@@ -76,3 +76,12 @@ ctypedef struct RowLaw:
     double tau
     double zmin
     double total
+
+
+# The SIMD levels compiled into this core (see _kernels.h), numbered best first.
+cdef extern from "_kernels.h" nogil:
+    int SD_LEVEL_COUNT
+    int sd_active_level
+    int sd_level_supported(int level)
+    int sd_use_level(int level)
+    int sd_level_fuses(int level)

@@ -1,16 +1,18 @@
 /*
  * Template of the residual law norm(max(0, s p - q)) of a rejected draft, for one
- * pair of types: _kernels.h includes it once per pair, with SD_TP (target weights),
- * SD_TQ (draft weights) and SD_SUFFIX defined.  p = wp / Zp and q = wq / Zq, from
- * the weights the row passes stored; s = 1 for token-by-token verification, and the
- * prefix ratio p_i of block verification (Sun et al. 2025) for a block's residual.
+ * pair of types: _level_template.h includes it once per pair and SIMD level, with SD_TP
+ * (target weights), SD_TQ (draft weights) and SD_SUFFIX defined.  p = wp / Zp and
+ * q = wq / Zq, from the weights the row passes stored; s = 1 for token-by-token
+ * verification, and the prefix ratio p_i of block verification (Sun et al. 2025) for a
+ * block's residual.
  * The scale enters as one multiplication, s / Zp, so that s = 1 is bit for bit the
  * unscaled residual.
  */
 
-/* Include only from _kernels.h, which defines the parameters and the helpers first. */
-#ifndef SPECDEC_KERNELS_H
-#error "include _kernels.h, not this template: it instantiates the template per type"
+/* Include only through _kernels.h (via _level_template.h), which defines the
+ * parameters and the helpers first. */
+#ifndef SD_LEVEL
+#error "include _kernels.h, not this template: it instantiates the template per level and type"
 #endif
 #ifndef SD_TP
 #error "SD_TP must be defined before including this template (see _kernels.h)"
@@ -20,9 +22,6 @@
 #endif
 #ifndef SD_SUFFIX
 #error "SD_SUFFIX must be defined before including this template (see _kernels.h)"
-#endif
-#ifndef SD_CLONES
-#error "SD_CLONES must be defined before including this template (see _kernels.h)"
 #endif
 #ifndef SD_INLINE
 #error "SD_INLINE must be defined before including this template (see _kernels.h)"
@@ -50,7 +49,7 @@ SD_INLINE void SD_SUFFIX(sd_residual_block)(const SD_TP *wp, const SD_TQ *wq, pt
  * the next sibling against them and draws from them with sd_stored_pick_f64, which
  * gives sd_residual_pick's token).  `store` may be `wp` itself (SD_TP double): each
  * weight is read before it is overwritten. */
-SD_CLONES static double SD_SUFFIX(sd_residual_sum)(const SD_TP *wp, const SD_TQ *wq, ptrdiff_t n,
+static double SD_SUFFIX(sd_residual_sum)(const SD_TP *wp, const SD_TQ *wq, ptrdiff_t n,
                                                    double scale, double zp, double zq,
                                                    double *blocks, double *store)
 {

@@ -1,21 +1,20 @@
 /*
- * Template of the row kernels for one logits type: _kernels.h includes it once per
- * type, with SD_T (float or double) and SD_SUFFIX (appends _f32 or _f64 to a name)
- * defined.  See _kernels.h for the row law these functions compute.
+ * Template of the row kernels for one logits type: _level_template.h includes it once
+ * per type and SIMD level, with SD_T (float or double) and SD_SUFFIX (appends _f32 or
+ * _f64 and the level, e.g. _f32_avx2, to a name) defined.  See _kernels.h for the row
+ * law these functions compute.
  */
 
-/* Include only from _kernels.h, which defines the parameters and the helpers first. */
-#ifndef SPECDEC_KERNELS_H
-#error "include _kernels.h, not this template: it instantiates the template per type"
+/* Include only through _kernels.h (via _level_template.h), which defines the
+ * parameters and the helpers first. */
+#ifndef SD_LEVEL
+#error "include _kernels.h, not this template: it instantiates the template per level and type"
 #endif
 #ifndef SD_T
 #error "SD_T must be defined before including this template (see _kernels.h)"
 #endif
 #ifndef SD_SUFFIX
 #error "SD_SUFFIX must be defined before including this template (see _kernels.h)"
-#endif
-#ifndef SD_CLONES
-#error "SD_CLONES must be defined before including this template (see _kernels.h)"
 #endif
 #ifndef SD_INLINE
 #error "SD_INLINE must be defined before including this template (see _kernels.h)"
@@ -25,7 +24,7 @@
 #endif
 
 /* The row's maximum; *bad is set when the row holds a NaN or +inf. */
-SD_CLONES static double SD_SUFFIX(sd_max)(const SD_T *x, ptrdiff_t n, int *bad)
+static double SD_SUFFIX(sd_max)(const SD_T *x, ptrdiff_t n, int *bad)
 {
     SD_T m = -INFINITY;
     int nan_seen = 0;
@@ -43,7 +42,7 @@ SD_CLONES static double SD_SUFFIX(sd_max)(const SD_T *x, ptrdiff_t n, int *bad)
 
 /* The first index holding `value` (greedy decoding breaks ties to the lowest id).
  * Blocks are tested for a match with a vectorised OR first, then one is scanned. */
-SD_CLONES static ptrdiff_t SD_SUFFIX(sd_first_index)(const SD_T *x, ptrdiff_t n, double value)
+static ptrdiff_t SD_SUFFIX(sd_first_index)(const SD_T *x, ptrdiff_t n, double value)
 {
     const SD_T v = (SD_T)value;
     for (ptrdiff_t start = 0; start < n; start += SD_BLOCK) {
@@ -70,7 +69,7 @@ SD_CLONES static ptrdiff_t SD_SUFFIX(sd_first_index)(const SD_T *x, ptrdiff_t n,
  * then reads from cache instead of waiting on memory.  When `max_out` is not NULL,
  * also returns the row's maximum there, and in *bad_out whether it holds NaN or +inf
  * (then `m` is a provisional shift, see row_law in _core.pyx). */
-SD_CLONES static double SD_SUFFIX(sd_expsum)(const SD_T *x, ptrdiff_t n, double m, double inv_t,
+static double SD_SUFFIX(sd_expsum)(const SD_T *x, ptrdiff_t n, double m, double inv_t,
                                              double tau, double zmin, double *blocks,
                                              SD_T *weights, const SD_T *prefetch,
                                              double *max_out, int *bad_out)
@@ -136,7 +135,7 @@ SD_CLONES static double SD_SUFFIX(sd_expsum)(const SD_T *x, ptrdiff_t n, double 
  * (target = u * Z, u in [0, 1)), found from the block sums and one rescanned block.
  * Never returns an index of zero weight, and never one >= n: when rounding puts
  * target past the last cumulative sum, the last index of positive weight wins. */
-SD_CLONES static ptrdiff_t SD_SUFFIX(sd_pick)(const SD_T *x, ptrdiff_t n, double m, double inv_t,
+static ptrdiff_t SD_SUFFIX(sd_pick)(const SD_T *x, ptrdiff_t n, double m, double inv_t,
                                               double tau, double zmin, const double *blocks,
                                               double target)
 {
@@ -254,7 +253,7 @@ SD_INLINE void SD_SUFFIX(sd_buckets_of)(const double *SD_RESTRICT vals, ptrdiff_
  * nat against rounding.  Their weights are bucketed by z; the buckets, walked from
  * the top, find the one bucket that holds the threshold, and the quickselect on mass
  * runs on that bucket only.  `vals` and `ws` are n doubles of scratch each. */
-SD_CLONES static double SD_SUFFIX(sd_top_p_threshold)(const SD_T *x, ptrdiff_t n, double m, double inv_t,
+static double SD_SUFFIX(sd_top_p_threshold)(const SD_T *x, ptrdiff_t n, double m, double inv_t,
                                                       double tau, double z_kept, double top_p,
                                                       double *vals, double *ws)
 {

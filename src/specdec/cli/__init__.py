@@ -12,6 +12,10 @@
     n-grams), streamed as speculative decoding makes it, with ``--chat`` for the
     model's chat template and ``--compare`` for the speedup over plain sampling.
 
+``specdec batch``
+    An OpenAI Batch file (JSONL) served with speculative decoding: resumable,
+    in ``--workers`` processes or on a Ray cluster (``--ray``).
+
 ``specdec bench``
     The decoder's own cost per generated token, with models that cost
     nothing, for both backends and, given its file, the reference NumPy loop.
@@ -34,7 +38,7 @@ import os
 import sys
 
 import specdec
-from specdec.cli import bench, demo, generate
+from specdec.cli import batch, bench, demo, generate
 from specdec.cli.options import CLIError
 from specdec.cli.output import stderr_line
 
@@ -86,6 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
                 "made, then one line of tokens per second, tokens per target pass and drafts "
                 "kept (on stderr, with the progress messages).  --chat applies the model's own "
                 "chat template; --compare also runs plain sampling and prints the speedup."
+            ),
+        )
+    )
+    batch.configure(
+        commands.add_parser(
+            "batch",
+            help="an OpenAI Batch file (JSONL) served, resumable, on all cores or on Ray",
+            description=(
+                "Serve every request of an OpenAI Batch file (/v1/chat/completions and "
+                "/v1/completions lines) and write one OpenAI Batch result per line to the "
+                "output, flushed as each finishes.  Rerunning the command resumes; exit status "
+                "0 when every request succeeded, 3 when some failed, 1 when the run failed, "
+                "2 for bad options or a refused input."
             ),
         )
     )

