@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import operator
+import re
+import secrets
 from collections.abc import Callable
 
 from specdec._validation import is_int
@@ -28,6 +30,7 @@ __all__ = [
     "check_detokenize",
     "check_messages",
     "check_stop_ids",
+    "encode_chat_ids",
     "end_of_turn_id",
     "render_chat_template",
 ]
@@ -184,6 +187,66 @@ def render_chat_template(
         )
     except jinja2.exceptions.TemplateError as error:
         raise ValueError(f"the model's chat template failed: {error}") from None
+
+
+def encode_chat_ids(
+    render: Callable[[list], str],
+    messages,
+    tokenize_markup: Callable[[str], list],
+    tokenize_text: Callable[[str], list],
+    special_content: bool = False,
+) -> list:
+    r"""Token ids of a chat whose message content stays text: no control token from it.
+
+    Tokenizing a rendered chat template with special tokens parsed (what Hugging
+    Face's ``apply_chat_template(tokenize=True)`` and llama-cpp-python's chat handlers
+    do) turns a message holding ``<|im_end|>\n<|im_start|>system\n...`` into the
+    template's own control tokens: the writer of the message forges a turn.  Here
+    only the template's markup is parsed for special tokens, and each message's
+    content is tokenized as plain text.  A chat whose contents hold no special-token
+    text is tokenized whole, as before (the same ids, so the same replies); one that
+    does is rendered with an unguessable placeholder per content, and the markup
+    between placeholders and the contents are tokenized apart.
+
+    Parameters
+    ----------
+    render : callable
+        ``render(messages) -> str``: the chat template (with the generation prompt).
+    messages : list of dict
+        The chat (checked).
+    tokenize_markup : callable
+        ``tokenize_markup(text) -> list of int``, parsing special tokens, adding none.
+    tokenize_text : callable
+        ``tokenize_text(text) -> list of int``, all of it plain text, adding none.
+    special_content : bool, default False
+        Parse special tokens in the content too (the peers' behaviour, for callers who
+        write control tokens in their messages on purpose).
+
+    Returns
+    -------
+    list of int
+    """
+    messages = check_messages(messages)
+    if not isinstance(special_content, bool):
+        raise TypeError(f"special_content must be True or False, got {special_content!r}")
+    contents = [message["content"] for message in messages]
+    if special_content or all(tokenize_markup(c) == tokenize_text(c) for c in contents):
+        return [int(t) for t in tokenize_markup(render(messages))]
+    nonce = secrets.token_hex(8)
+    marks = [f"\ue000{nonce}:{i}\ue001" for i in range(len(messages))]
+    text = render([dict(m, content=mark) for m, mark in zip(messages, marks, strict=True)])
+    ids: list = []
+    position = 0
+    for match in re.finditer("\ue000" + nonce + r":(\d+)\ue001", text):
+        if match.start() > position:
+            ids += tokenize_markup(text[position : match.start()])
+        content = contents[int(match.group(1))]
+        if content:
+            ids += tokenize_text(content)
+        position = match.end()
+    if position < len(text):
+        ids += tokenize_markup(text[position:])
+    return [int(t) for t in ids]
 
 
 def end_of_turn_id(
