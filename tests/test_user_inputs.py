@@ -274,3 +274,22 @@ def test_adapters_refuse_a_one_point_curve():
     with pytest.raises(ValueError, match="at least 2"):
         _calibration.check_cost_curve([1.0])
     assert _calibration.check_cost_curve([1.0, 1.5]).tolist() == [1.0, 1.5]
+
+
+# -- long prompts through the CLI ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("draft", ["suffix", "lookup"])
+def test_cli_bounds_a_long_prompt_of_the_demo_models_with_one_line(capsys, monkeypatch, draft):
+    import io
+
+    from specdec import cli
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("x" * 1_000_000))  # 1 MB on stdin
+    code = cli.main(["generate", "--model", "ngram", "--draft", draft])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "at most 32768" in err
+    code = cli.main(["generate", "--model", "ngram", "--prompt", "y" * 40_000])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "at most 32768" in err
