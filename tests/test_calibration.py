@@ -107,7 +107,8 @@ def test_given_cost_curve_is_used_without_calibration(tiny_lm, no_calibration):
 @pytest.mark.parametrize(
     ("bad", "message"),
     [
-        ([], "non-empty"),
+        ([], "at least 2"),
+        ([1.0], "at least 2"),  # one point says nothing about a pass over two tokens
         ([[1.0, 2.0]], "1-D"),
         ([2.0, 3.0], r"cost_curve\[0\] must be 1.0"),
         ([1.0, float("nan")], "finite"),

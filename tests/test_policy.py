@@ -32,7 +32,6 @@ def test_cost_curve_reads_extends_and_converts_pairs():
     curve = CostCurve([1.0, 1.5, 1.75])
     assert [curve.tokens(t) for t in (1, 2, 3, 4, 6)] == [1.0, 1.5, 1.75, 2.0, 2.5]
     assert curve.drafts(0) == 1.0 and curve.drafts(2) == 1.75
-    assert CostCurve([1.0]).tokens(3) == 3.0  # one point: a full pass per extra token
     pair = CostCurve.from_pair(0.57, 0.33)
     assert pair.drafts(0) == 1.0 and pair.drafts(40) == 1.0 + 0.57 + 0.33 * 40
 

@@ -228,8 +228,8 @@ def tiny_llama():
 def test_transformers_tree_rows_equal_each_branch_in_one_pass(tiny_llama, name, warm):
     from specdec.models import TransformersModel
 
-    target = TransformersModel(tiny_llama, cost_curve=[1.0])
-    judge = TransformersModel(tiny_llama, cost_curve=[1.0])
+    target = TransformersModel(tiny_llama, cost_curve=[1.0, 2.0])
+    judge = TransformersModel(tiny_llama, cost_curve=[1.0, 2.0])
     tokens, parents = (np.array(a, dtype=np.int64) for a in TREES[name])
     prefix = [5, 17, 3, 60, 8]
     if warm:
@@ -263,7 +263,7 @@ def test_transformers_tree_pass_holds_only_the_last_prefix_token_and_the_nodes(t
     # 4-D mask a long prompt costs a quarter more (SmolLM2, 250 tokens).
     from specdec.models import TransformersModel
 
-    target = TransformersModel(tiny_llama, cost_curve=[1.0])
+    target = TransformersModel(tiny_llama, cost_curve=[1.0, 2.0])
     batches = []
     evaluate_tree = target._evaluate_tree
     target._evaluate_tree = lambda ids, *a: batches.append(len(ids)) or evaluate_tree(ids, *a)
@@ -272,7 +272,7 @@ def test_transformers_tree_pass_holds_only_the_last_prefix_token_and_the_nodes(t
     rows = target.forward_tree(prefix, tokens, parents)
     assert batches == [1 + len(tokens)]
     assert target.n_evaluated_tokens == len(prefix) + len(tokens)
-    judge = TransformersModel(tiny_llama, cost_curve=[1.0])
+    judge = TransformersModel(tiny_llama, cost_curve=[1.0, 2.0])
     expected = judge.forward(np.array([prefix + [4]]), logits_to_keep=2)[0]
     np.testing.assert_allclose(rows[:2], expected, atol=TF_TOL, rtol=0)
 
@@ -315,7 +315,7 @@ def test_transformers_sampled_trees_of_a_draft_model_score_as_fresh_models(tiny_
         """The target's logits, every call on an empty cache, trees branch by branch."""
 
         def __init__(self):
-            self.model = TransformersModel(tiny_llama, cost_curve=[1.0])
+            self.model = TransformersModel(tiny_llama, cost_curve=[1.0, 2.0])
 
         def forward(self, ids, logits_to_keep=None):
             self.model.reset()
@@ -330,7 +330,7 @@ def test_transformers_sampled_trees_of_a_draft_model_score_as_fresh_models(tiny_
         target.forward_tree = lambda *a: calls.append(1) or forward_tree(*a)
         policy = PositionalDraftLength(target_cost=[1.0, 1.01, 1.02, 1.03, 1.04])
         decoder = specdec.SpeculativeDecoder(4, draft_length=policy, backend=backend)
-        draft = TransformersModel(draft_net, cost_curve=[1.0])
+        draft = TransformersModel(draft_net, cost_curve=[1.0, 2.0])
         ids, stats = decoder.generate(draft, target, [5, 17, 3, 60], 24, rng=11)
         return ids, len(calls)
 

@@ -226,9 +226,11 @@ class TextStream:
     tokens : TokenStream
         The generation.
     detokenize : callable
-        ``detokenize(list of int) -> str``, such as an adapter's ``detokenize``.
+        ``detokenize(list of int) -> str``, such as an adapter's ``detokenize``, or
+        ``-> bytes`` (UTF-8, as ``llama_cpp.Llama.detokenize``), decoded incrementally
+        exactly as text is.
     stop_ids : collection of int, optional
-        Tokens that end the text.
+        Tokens that end the text: ints in ``[0, 2**63)``.
 
     Attributes
     ----------
@@ -245,11 +247,17 @@ class TextStream:
     """
 
     def __init__(self, tokens: TokenStream, detokenize, stop_ids=()):
-        from specdec.models._text import IncrementalDetokenizer
+        from specdec.models._text import IncrementalDetokenizer, check_detokenize, check_stop_ids
 
+        if not isinstance(tokens, TokenStream):
+            raise TypeError(
+                "tokens must be a specdec.TokenStream (SpeculativeDecoder.stream, "
+                f"specdec.sample_stream), got {type(tokens).__name__}"
+            )
+        stops = check_stop_ids(stop_ids)
         self._tokens = tokens
-        self._text = IncrementalDetokenizer(detokenize)
-        self._stop_ids = np.asarray(sorted({int(t) for t in stop_ids}), dtype=np.int64)
+        self._text = IncrementalDetokenizer(check_detokenize(detokenize))
+        self._stop_ids = np.asarray(sorted(stops), dtype=np.int64)
         self._pieces = self._generate()
         self.ids = []
         self.stopped = False

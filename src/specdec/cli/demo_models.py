@@ -58,6 +58,11 @@ class InstrumentedModel:
         """The wrapped model's cost curve (None without one), read when a policy asks."""
         return getattr(self.model, "cost_curve", None)
 
+    @property
+    def cost_curve_measured(self) -> bool:
+        """Whether the wrapped model measured its curve (the policy then checks it)."""
+        return getattr(self.model, "cost_curve_measured", False) is True
+
     def forward(self, ids, logits_to_keep=None):
         """Forward to the wrapped model, simulating its latency and calling the hook."""
         if self.on_call is not None:

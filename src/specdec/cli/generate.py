@@ -80,6 +80,12 @@ def _validate(args) -> None:
             f"--prompt and --max-tokens need a context of {_gguf_context(args)} tokens; "
             f"GGUF models here allow at most {demo.MAX_GGUF_CONTEXT}"
         )
+    if kind == "ngram" and _gguf_context(args) > demo.MAX_GGUF_CONTEXT:
+        # the byte-level demo models have no context of their own: the same stated bound
+        raise UsageError(
+            f"--prompt and --max-tokens need {_gguf_context(args)} tokens (bytes); the "
+            f"n-gram demo models allow at most {demo.MAX_GGUF_CONTEXT}"
+        )
     if args.chat and kind == "ngram":
         raise UsageError("--chat needs a model with a chat template (smollm2, FILE.gguf, HF-DIR)")
     draft_is_model = args.draft not in DRAFTS
@@ -162,6 +168,18 @@ def _prompt_ids(args, loaded: _Loaded) -> tuple[list, list]:
             raise CLIError(str(error)) from None
         return ids, loaded.target.stop_token_ids
     return loaded.encode(text), [] if loaded.eos_token_id is None else [loaded.eos_token_id]
+
+
+def _check_context(args, loaded: _Loaded, prompt: list) -> None:
+    """A Hugging Face model's prompt and reply must fit in its positions (its config's)."""
+    config = getattr(getattr(loaded.target, "model", None), "config", None)
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    need = len(prompt) + args.max_tokens + (args.gamma or demo.DEFAULT_DRAFTER_GAMMA) + 1
+    if isinstance(limit, int) and need > limit:
+        raise UsageError(
+            f"the prompt ({len(prompt)} tokens) and --max-tokens need {need} positions; "
+            f"{args.model} has {limit}"
+        )
 
 
 def _write(piece: str) -> None:
@@ -259,6 +277,7 @@ def run_generate(args) -> int:
         raise UsageError("the prompt is empty: the first token needs a prompt to follow")
     loaded = _load(args)
     prompt, stops = _prompt_ids(args, loaded)
+    _check_context(args, loaded, prompt)
     controls = dict(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p
     )

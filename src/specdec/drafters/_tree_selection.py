@@ -104,8 +104,9 @@ class TreeSelection:
         if self.target_cost == "measured":  # timings by length only: trees not told apart
             chain_costs = tree_costs = [self.cost(n) for n in range(budget + 1)]
         else:  # the kept tables (this runs on every step)
-            chain_costs = self._cost.drafts_table(budget)
-            tree_costs = self._cost.tree_drafts_table(budget)
+            curve = self._curve()
+            chain_costs = curve.drafts_table(budget)
+            tree_costs = curve.tree_drafts_table(budget)
         if self.draft_cost:
             chain_costs, tree_costs = (
                 [v + self.draft_cost * n for n, v in enumerate(costs)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from specdec.drafters._checks import check_candidates, check_proposal, empty_proposal
+from specdec.drafters._threads import PerThread, SharedState
 from specdec.drafters.base import Drafter
 
 __all__ = ["Chain"]
@@ -23,7 +24,7 @@ def _is_model(source) -> bool:
     )
 
 
-class Chain(Drafter):
+class Chain(SharedState, Drafter):
     """Draft sources tried in order at every step; the first with a proposal wins.
 
     The usual order is cheapest and most precise first: prompt lookup (exact copies of
@@ -54,6 +55,13 @@ class Chain(Drafter):
     last_evidence : int or None
         That drafter's ``last_match_size`` (the length of the context its proposal
         rests on), if it has one; None otherwise.
+
+    Notes
+    -----
+    A chain may serve several threads at once when its drafters may:
+    :attr:`last_source` and :attr:`last_evidence` are kept per thread (each thread
+    reads those of its own last proposal).  The drafters of this package may; a
+    draft model serves one thread at a time unless it says otherwise.
 
     Examples
     --------
@@ -86,6 +94,10 @@ class Chain(Drafter):
                     f"forward(ids), got {type(source).__name__}"
                 )
         self._set(tuple(drafters), model)
+
+    # the calling thread's last proposal (drafters/_threads.py)
+    last_source = PerThread(lambda: -1)
+    last_evidence = PerThread(lambda: None)
 
     def _set(self, drafters: tuple, model) -> None:
         self.drafters = drafters

@@ -28,7 +28,10 @@ that segment falls).
 
 from __future__ import annotations
 
+import collections
 import math
+import statistics
+import threading
 
 import numpy as np
 
@@ -38,6 +41,7 @@ __all__ = [
     "DEFAULT_COST_CURVE",
     "DEFAULT_TARGET_COST",
     "CostCurve",
+    "CurveCheck",
     "check_target_cost",
     "chosen_cost",
     "suffix_minima",
@@ -61,10 +65,10 @@ class CostCurve:
     Parameters
     ----------
     values : 1-D sequence of float
-        ``values[i]`` is the cost of a pass over ``i + 1`` tokens; ``values[0]`` must be
-        1.0, every value finite and > 0.  Beyond its end the curve grows linearly with
-        the slope of its last segment, or stays flat if that segment falls (with one
-        value only: one unit per token, the cautious guess).
+        ``values[i]`` is the cost of a pass over ``i + 1`` tokens; at least 2 values,
+        ``values[0]`` must be 1.0, every value finite and > 0.  Beyond its end the curve
+        grows linearly with the slope of its last segment, or stays flat if that
+        segment falls.
     name : str, default "cost curve"
         How errors name the argument.
     tree : 1-D sequence of float, optional
@@ -80,16 +84,17 @@ class CostCurve:
     1.0
     """
 
-    __slots__ = ("_values", "_slope", "_pair", "_resolve", "_table", "_floor", "_tree")
+    __slots__ = ("_values", "_slope", "_pair", "_resolve", "_tables", "_tree", "checkable")
 
     def __init__(self, values, name: str = "cost curve", tree=None) -> None:
         self._pair = None
         self._resolve = None
+        self.checkable = False  # a model's measured curve, which a policy checks
         self._set(_check_curve(values, name))
         self._tree = None if tree is None else CostCurve(tree, f"{name} of trees")
 
     def _set(self, values: tuple) -> None:
-        self._table = None
+        self._tables = None
         self._values = values
         # never downwards: a curve whose last segment falls would reach zero cost
         self._slope = max(values[-1] - values[-2], 0.0) if len(values) > 1 else 1.0
@@ -113,6 +118,7 @@ class CostCurve:
         curve = cls.__new__(cls)
         curve._pair = (overhead, per_token)
         curve._resolve = curve._tree = None
+        curve.checkable = False
         curve._set(tuple(1.0 if n == 0 else 1.0 + overhead + per_token * n for n in range(16)))
         return curve
 
@@ -133,7 +139,8 @@ class CostCurve:
         CostCurve
         """
         curve = cls.__new__(cls)
-        curve._pair = curve._values = curve._table = None
+        curve._pair = curve._values = curve._tables = None
+        curve.checkable = False
         curve._resolve = lambda: _model_curve(model)
         curve._tree = lambda: _model_tree_curve(model)  # read at the first tree's cost
         return curve
@@ -142,6 +149,7 @@ class CostCurve:
         if self._values is None:
             resolved = self._resolve()
             self._pair = resolved._pair
+            self.checkable = resolved.checkable
             self._set(resolved._values)
         return self
 
@@ -189,13 +197,18 @@ class CostCurve:
         """Cost of the pass that verifies ``n_drafts`` draft tokens (and one more token)."""
         return self.tokens(n_drafts + 1)
 
+    def _kept_tables(self, n_max: int) -> tuple:
+        # one attribute for both: a thread sharing the curve never sees one table
+        # without its floor
+        tables = self._tables
+        if tables is None or len(tables[0]) <= n_max:
+            table = [self.drafts(n) for n in range(max(n_max, 16) + 1)]
+            tables = self._tables = (table, suffix_minima(table))
+        return tables
+
     def drafts_table(self, n_max: int) -> list:
         """``[drafts(0), ..., drafts(n_max)]`` (kept: policies ask on every step)."""
-        table = self._table
-        if table is None or len(table) <= n_max:
-            table = [self.drafts(n) for n in range(max(n_max, 16) + 1)]
-            self._table, self._floor = table, suffix_minima(table)
-        return table
+        return self._kept_tables(n_max)[0]
 
     def drafts_floor(self, n_max: int) -> list:
         """``floor[n]``: the least of ``drafts(m)`` for ``m >= n`` in the kept table.
@@ -203,8 +216,7 @@ class CostCurve:
         At least ``n_max + 1`` entries; a lower bound of every pass over ``n`` drafts
         or more up to ``n_max``, for policies that stop looking early.
         """
-        self.drafts_table(n_max)
-        return self._floor
+        return self._kept_tables(n_max)[1]
 
     def __repr__(self) -> str:
         if self._values is None:
@@ -261,8 +273,9 @@ def _check_curve(values, name: str) -> tuple:
         array = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
         raise TypeError(f"{expected}; got {values!r}") from None
-    if array.ndim != 1 or array.size == 0:
-        raise ValueError(f"{expected}; got shape {array.shape}")
+    if array.ndim != 1 or array.size < 2:
+        # one point (a pass over one token, 1.0) says nothing about a pass over two
+        raise ValueError(f"{expected} of at least 2 values; got shape {array.shape}")
     if not (np.all(np.isfinite(array)) and np.all(array > 0.0)):
         raise ValueError(f"{expected}; got {array.tolist()!r}")
     if abs(array[0] - 1.0) > 1e-6:
@@ -280,7 +293,11 @@ def _model_curve(model) -> CostCurve:
     """The target model's ``cost_curve``, else its ``speculation_cost``, else the default."""
     curve = getattr(model, "cost_curve", None)
     if curve is not None:
-        return CostCurve(curve, "target_model.cost_curve")
+        curve = CostCurve(curve, "target_model.cost_curve")
+        # a curve the adapter measured is checked against decoding's timed passes; one
+        # the user gave is theirs (and keeps runs reproducible)
+        curve.checkable = getattr(model, "cost_curve_measured", False) is True
+        return curve
     pair = getattr(model, "speculation_cost", None)
     if pair is not None:
         try:
@@ -321,6 +338,126 @@ class PassTimer:
         if 0 in times and n_drafts in times:
             return times[n_drafts][1] / times[0][1]
         return fallback.drafts(n_drafts)
+
+
+class CurveCheck:
+    """A model's cost curve checked against the passes the run times, and corrected.
+
+    A curve measured once (an adapter's calibration) can be wrong for the whole
+    process: measured while another process held the CPU, a pass over two tokens once
+    came out at 158 one-token passes, and a policy trusting it never drafted again.
+    So the policy records every timed pass (:meth:`record`) and, once at least
+    :attr:`SAMPLES` passes of one token and :attr:`SAMPLES` of some draft length are
+    timed, compares the medians of the latest :attr:`WINDOW` of each with the curve.
+    When a measured cost is more than :attr:`TOLERANCE` times off the curve's (either
+    way), the curve's extra cost over a one-token pass is scaled by the median ratio
+    of the measured extras to the curve's (the curve's shape kept, its level taken
+    from the run) until the timings agree again; otherwise the curve is used as is
+    (and runs stay reproducible).  While no draft length has been timed,
+    :meth:`probe` asks for a one-token draft at one declined proposal in
+    :attr:`PROBE_EVERY`, so that a curve that forbids drafting is checked too.  A
+    bad calibration then costs a few steps, not the whole process.
+
+    One check may serve several threads (its state is guarded by a lock).
+    """
+
+    #: Timed passes of a length before it is compared.
+    SAMPLES = 5
+    #: The latest passes kept per length (their median is the measured time).
+    WINDOW = 15
+    #: A measured cost this many times above or below the curve's is a disagreement.
+    TOLERANCE = 1.5
+    #: While unchecked, one proposal in this many that the policy declined is drafted.
+    PROBE_EVERY = 4
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._times: dict = {}  # drafts n -> deque of seconds
+        self._base = None  # the values of the curve the timings are compared with
+        self._corrected = None  # the corrected curve, None while the curve agrees
+        self._records = 0
+        self._computed = 0  # self._records when _corrected was computed
+        self._declined = 0
+
+    def __getstate__(self) -> dict:
+        with self._lock:
+            state = self.__dict__.copy()
+        del state["_lock"]  # a copy gets its own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def record(self, n_drafts: int, seconds: float) -> None:
+        """Add one timed pass that verified ``n_drafts`` drafts (a chain)."""
+        if not (isinstance(seconds, float) and 0.0 < seconds < math.inf):
+            return
+        with self._lock:
+            times = self._times.get(n_drafts)
+            if times is None:
+                times = self._times[n_drafts] = collections.deque(maxlen=self.WINDOW)
+            times.append(seconds)
+            self._records += 1
+
+    def _ready(self) -> bool:
+        times = self._times
+        return len(times.get(0, ())) >= self.SAMPLES and any(
+            n > 0 and len(t) >= self.SAMPLES for n, t in times.items()
+        )
+
+    def probe(self) -> bool:
+        """Whether to draft one token although the policy declined (see the class)."""
+        with self._lock:
+            if self._base is None or self._ready():
+                return False
+            self._declined += 1
+            return self._declined % self.PROBE_EVERY == 0
+
+    def curve(self, base: CostCurve) -> CostCurve:
+        """``base``, or its correction when the run's timings disagree with it.
+
+        Only a curve an adapter measured (``base.checkable``) is checked; a curve the
+        user gave (to the policy or the adapter) is taken as is.
+        """
+        if not base.checkable:
+            return base
+        values = base.values
+        with self._lock:
+            if values != self._base:  # another model's curve: its timings start afresh
+                self._base, self._corrected = values, None
+                self._times.clear()
+                self._records = self._computed = self._declined = 0
+            if self._records != self._computed and self._ready():
+                self._computed = self._records
+                self._corrected = self._correction(base)
+            return base if self._corrected is None else self._corrected
+
+    def _correction(self, base: CostCurve) -> CostCurve | None:
+        one = statistics.median(self._times[0])
+        measured, expected = [], []
+        for n, times in self._times.items():
+            if n > 0 and len(times) >= self.SAMPLES:
+                measured.append(max(statistics.median(times) / one, 1.0))
+                expected.append(base.drafts(n))
+        tolerance = self.TOLERANCE
+        pairs = list(zip(measured, expected, strict=True))
+        if all(1.0 / tolerance <= m / e <= tolerance for m, e in pairs):
+            return None
+        scales = [(m - 1.0) / (e - 1.0) for m, e in pairs if e > 1.0]
+        scale = statistics.median(scales) if scales else 1.0
+
+        def scaled(curve_values) -> list:
+            return [1.0] + [1.0 + scale * (v - 1.0) for v in curve_values[1:]]
+
+        corrected = CostCurve(scaled(base.values), "corrected cost curve")
+        corrected.checkable = True
+        corrected._tree = lambda: (
+            None
+            if base.tree is None
+            else CostCurve(scaled(base.tree.values), "corrected tree cost curve")
+        )
+        return corrected
 
 
 def chosen_cost(own, model_cost) -> CostCurve:

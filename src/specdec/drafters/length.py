@@ -41,10 +41,12 @@ import math
 from typing import NamedTuple
 
 from specdec._validation import is_int, is_real
+from specdec.drafters._threads import PerThread, SharedState
 from specdec.drafters.cost import (
     DEFAULT_COST_CURVE,
     DEFAULT_TARGET_COST,
     CostCurve,
+    CurveCheck,
     PassTimer,
     check_target_cost,
     chosen_cost,
@@ -85,7 +87,7 @@ class Tally(NamedTuple):
 NO_TALLY = Tally()
 
 
-class DraftLengthPolicy:
+class DraftLengthPolicy(SharedState):
     """Interface of a draft-length policy (the methods the decoder calls).
 
     See the module docstring for the order of the calls and the meaning of ``key``.
@@ -103,6 +105,11 @@ class DraftLengthPolicy:
     """
 
     p_min: float = 0.0
+
+    # A run's settings, so the calling thread's: one policy may serve several threads'
+    # runs at once (see drafters/_threads.py); what it learns is shared.
+    _max = PerThread(lambda: 1)
+    _cost = PerThread(lambda: CostCurve(DEFAULT_COST_CURVE))
 
     def start(self, max_tokens: int, target_cost=None) -> None:
         """Begin a generate call whose drafts hold at most ``max_tokens`` tokens.
@@ -160,9 +167,6 @@ class DraftLengthPolicy:
 class FixedDraftLength(DraftLengthPolicy):
     """Always the most tokens allowed: the reference loop's ``gamma`` per step."""
 
-    def __init__(self) -> None:
-        self._max = 1
-
     def start(self, max_tokens: int, target_cost=None) -> None:  # noqa: D102
         self._max = max_tokens
 
@@ -189,8 +193,8 @@ class HeuristicDraftLength(DraftLengthPolicy):
         if not is_int(initial) or initial < 1:
             raise ValueError(f"initial must be an int >= 1, got {initial!r}")
         self.initial = int(initial)
-        self._current = self.initial
-        self._max = self.initial
+
+    _current = PerThread(lambda: 5)  # this thread's run's draft length
 
     def start(self, max_tokens: int, target_cost=None) -> None:  # noqa: D102
         self._max = max_tokens
@@ -281,10 +285,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self.draft_cost = float(draft_cost)
         self.prior_acceptance = float(prior_acceptance)
         self.memory = float(memory)
-        self._max = 1
-        self._cost = CostCurve(DEFAULT_COST_CURVE)
         self._accept: dict = {}  # key -> Tally
         self._timer = PassTimer(self.memory)  # for "measured"
+        self._check = CurveCheck()  # the model's curve against the timed passes
         self._idle: dict = {}  # key -> proposals since the last observation
 
     def __repr__(self) -> str:
@@ -313,6 +316,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._accept.clear()
         self._idle.clear()
         self._timer = PassTimer(self.memory)
+        self._check = CurveCheck()
 
     def acceptance(self, key) -> float:
         """The estimated probability that a draft token from ``key`` is kept.
@@ -345,7 +349,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         """
         if self.target_cost == "measured":
             return self._timer.drafts(n, self._cost)
-        return self._cost.drafts(n)
+        return self._check.curve(self._cost).drafts(n)
 
     def length(self, key, offered: int) -> int:  # noqa: D102
         offered = min(offered, self._max)
@@ -368,7 +372,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             # free observation): try one token after PROBE_EVERY idle proposals.
             idle = self._idle.get(key, 0) + 1
             self._idle[key] = idle
-            if idle >= self.PROBE_EVERY:
+            if idle >= self.PROBE_EVERY or (self.target_cost is None and self._check.probe()):
                 best_n = 1
         return best_n
 
@@ -384,3 +388,5 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             self._accept[key] = tally.add(successes, tested, self.memory**tested)
         if self.target_cost == "measured":
             self._timer.record(drafted, target_seconds)
+        elif self.target_cost is None:
+            self._check.record(drafted, target_seconds)

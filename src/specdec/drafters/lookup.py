@@ -20,12 +20,13 @@ from specdec.drafters._checks import (
     check_n_new,
     empty_proposal,
 )
+from specdec.drafters._threads import PerThread, SharedState
 from specdec.drafters.base import Drafter
 
 __all__ = ["PromptLookup"]
 
 
-class PromptLookup(Drafter):
+class PromptLookup(SharedState, Drafter):
     """Draft by matching the sequence's last n-gram against the text so far.
 
     For ``n`` from *max_ngram_size* down to *min_ngram_size*, the last ``n`` tokens
@@ -81,6 +82,10 @@ class PromptLookup(Drafter):
     then only the few tokens between them back a proposal (``5 5 5 5`` proposes a
     single ``5``): the drafter does not extrapolate a period it has not seen.
 
+    One instance may serve several threads at once: everything it keeps belongs to
+    the request and is kept per thread (the attributes above too), so each thread
+    drafts from its own sequence exactly as if alone.
+
     :meth:`propose` also works without :meth:`start` / :meth:`extend` (called on
     its own, on any sequence): a sequence of another length than the one indexed,
     or whose last tokens differ, is re-indexed (appended to, when the indexed
@@ -119,18 +124,21 @@ class PromptLookup(Drafter):
                 f"min_ngram_size must be <= max_ngram_size ({self.max_ngram_size}), "
                 f"got {self.min_ngram_size}"
             )
-        self.last_match_size = 0
-        self.last_match_position = -1
-        self._matched_n = 0  # the n of the n-gram the last proposal matched
-        # The indexed sequence: _buffer[:_length] (grown by doubling), and for every
-        # n-gram ending at positions 0 .. _length - 2, the start of its latest
-        # occurrence.  One dict serves every n: a key's length is its n.
-        self._buffer = np.zeros(64, dtype=np.int64)
-        self._length = 0
-        self._index: dict[tuple, int] = {}
-        # (start, n) -> the start of the n-gram's occurrence before the one at start:
-        # the occurrences of an n-gram, latest first, for propose_candidates.
-        self._older: dict[tuple, int] = {}
+
+    # Everything below is the request's, so kept per thread: one instance serves
+    # several threads, each indexing its own sequence (see drafters/_threads.py).
+    last_match_size = PerThread(int)
+    last_match_position = PerThread(lambda: -1)
+    _matched_n = PerThread(int)  # the n of the n-gram the last proposal matched
+    # The indexed sequence: _buffer[:_length] (grown by doubling), and for every
+    # n-gram ending at positions 0 .. _length - 2, the start of its latest
+    # occurrence.  One dict serves every n: a key's length is its n.
+    _buffer = PerThread(lambda: np.zeros(64, dtype=np.int64))
+    _length = PerThread(int)
+    _index = PerThread(dict)
+    # (start, n) -> the start of the n-gram's occurrence before the one at start:
+    # the occurrences of an n-gram, latest first, for propose_candidates.
+    _older = PerThread(dict)
 
     def __repr__(self) -> str:
         return (

@@ -34,6 +34,7 @@ from specdec.drafters._checks import (
     check_probability_option,
     empty_proposal,
 )
+from specdec.drafters._threads import PerThread
 from specdec.drafters.base import Drafter
 
 __all__ = ["NGram"]
@@ -160,7 +161,9 @@ class NGram(Drafter):
     to once per ``max_grams / 4`` new n-grams.
 
     Updates hold a lock, and so does :meth:`save` while it copies the counts:
-    saving while another thread generates with the drafter is safe.
+    saving while another thread generates with the drafter is safe.  One instance
+    may serve several threads at once: they learn into the same counts (under the
+    lock), and the attributes of the last proposal are kept per thread.
 
     With *online*, every :meth:`start` counts its prompt again: generating several
     completions of one prompt weighs that prompt's n-grams accordingly (as it
@@ -210,10 +213,12 @@ class NGram(Drafter):
         # Held by every update and by save's copy (see save): a drafter serves one
         # sequence at a time, but may be saved from another thread meanwhile.
         self._lock = threading.Lock()
-        self.last_match_size = 0
-        self.last_probabilities: tuple = ()
         self._counts: dict[tuple, int] = {}
         self._contexts: dict[tuple, _Context] = {}
+
+    # The last proposal's, so the calling thread's (drafters/_threads.py).
+    last_match_size = PerThread(int)
+    last_probabilities = PerThread(tuple)
 
     @property
     def order(self) -> int:
@@ -254,6 +259,7 @@ class NGram(Drafter):
                 for context, seen in self._contexts.items()
             }
         del state["_lock"]  # a lock cannot be copied or pickled; a copy gets its own
+        state.pop("_per_thread", None)
         return state
 
     def __setstate__(self, state: dict) -> None:

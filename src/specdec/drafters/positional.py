@@ -13,8 +13,8 @@ import math
 from specdec._validation import is_int, is_real
 from specdec.drafters._tree_selection import TreeSelection
 from specdec.drafters.cost import (
-    DEFAULT_COST_CURVE,
     CostCurve,
+    CurveCheck,
     PassTimer,
     check_target_cost,
     chosen_cost,
@@ -148,8 +148,6 @@ class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
         self.prior_strength = float(prior_strength)
         self.memory = float(memory)
         self.offset_rate = float(offset_rate)
-        self._max = 1
-        self._cost = CostCurve(DEFAULT_COST_CURVE)
         self._priors: dict = {}  # evidence -> prior acceptance by position (a cache)
         self.reset()
 
@@ -168,6 +166,7 @@ class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
         self._offsets: dict = {}  # source -> log-odds offset of its priors
         self._idle: dict = {}  # (source, evidence) -> proposals since the last draft
         self._timer = PassTimer(self.memory)
+        self._check = CurveCheck()  # the model's curve against the timed passes
 
     def start(self, max_tokens: int, target_cost=None) -> None:
         """Begin a generate call (see :class:`DraftLengthPolicy`); keeps what was learnt.
@@ -290,7 +289,11 @@ class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
         """
         if self.target_cost == "measured":
             return self._timer.drafts(n, self._cost)
-        return self._cost.drafts(n)
+        return self._curve().drafts(n)
+
+    def _curve(self) -> CostCurve:
+        """The run's cost curve, as corrected by the timed passes (see CurveCheck)."""
+        return self._check.curve(self._cost)
 
     def length(self, key, offered: int) -> int:  # noqa: D102
         offered = min(offered, self._max)
@@ -311,8 +314,9 @@ class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
             costs = [self.cost(n) + draft_cost * n for n in range(offered + 1)]
             floor = suffix_minima(costs)
         else:
-            costs = self._cost.drafts_table(offered)
-            floor = self._cost.drafts_floor(offered)
+            curve = self._curve()
+            costs = curve.drafts_table(offered)
+            floor = curve.drafts_floor(offered)
         best_n, best_rate = 0, -1.0
         if min_tokens == 0:
             best_rate = 1.0 / costs[0]
@@ -342,6 +346,8 @@ class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
         gives no such free observation, so it is tried with one token now and then.
         """
         idle_key = self._cell_key(key, 0)[:2]
+        if best_n == 0 and self.target_cost is None and self._check.probe():
+            return 1  # a pass of two tokens timed, to check the curve
         if best_n == 0:
             idle = self._idle.get(idle_key, 0) + 1
             self._idle[idle_key] = idle
@@ -369,6 +375,8 @@ class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
             cells[cell] = cells.get(cell, NO_TALLY).add(success, 1.0, memory)
         if self.target_cost == "measured":
             self._timer.record(drafted, target_seconds)
+        elif self.target_cost is None:
+            self._check.record(drafted, target_seconds)
 
     def offset(self, source) -> float:
         """The log-odds offset of ``source``'s priors (0.0 until it is observed).

@@ -173,6 +173,16 @@ class PrefixCachedModel(abc.ABC):
             )
         return self._tree_cost_curve
 
+    @property
+    def cost_curve_measured(self) -> bool:
+        """Whether :attr:`cost_curve` is measured here (not given at creation).
+
+        A measured curve is checked against the passes decoding times, and corrected
+        when they disagree (:class:`specdec.drafters.cost.CurveCheck`); a given one is
+        taken as is.
+        """
+        return not self._cost_curve_given
+
     def _cost_curve_pending(self) -> bool:
         """Whether reading :attr:`cost_curve` would run the calibration now."""
         if self._cost_curve is not None:

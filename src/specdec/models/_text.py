@@ -16,11 +16,24 @@
 from __future__ import annotations
 
 import json
+import operator
+import re
+import secrets
 from collections.abc import Callable
 
+from specdec._validation import is_int
 from specdec.models._optional import import_optional
 
-__all__ = ["IncrementalDetokenizer", "check_messages", "end_of_turn_id", "render_chat_template"]
+__all__ = [
+    "IncrementalDetokenizer",
+    "as_text",
+    "check_detokenize",
+    "check_messages",
+    "check_stop_ids",
+    "encode_chat_ids",
+    "end_of_turn_id",
+    "render_chat_template",
+]
 
 _SENTINEL = "\x00specdec-turn-end\x00"
 
@@ -49,9 +62,75 @@ def check_messages(messages) -> list:
         if not isinstance(message, dict):
             raise TypeError(f"messages[{i}] must be a dict, got {type(message).__name__}")
         for key in ("role", "content"):
-            if not isinstance(message.get(key), str):
-                raise TypeError(f"messages[{i}][{key!r}] must be a str, got {message.get(key)!r}")
+            value = message.get(key)
+            if not isinstance(value, str):
+                raise TypeError(f"messages[{i}][{key!r}] must be a str, got {value!r}")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as error:
+                # a lone surrogate: no tokenizer can encode it, so refuse it here, naming
+                # the message (not a position in the rendered template)
+                raise ValueError(
+                    f"messages[{i}][{key!r}] is not valid Unicode text: "
+                    f"{error.reason} at character {error.start}"
+                ) from None
     return messages
+
+
+def check_stop_ids(stop_ids) -> frozenset:
+    """Stop token ids: a collection of ints in ``[0, 2**63)``.
+
+    Returns
+    -------
+    frozenset of int
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming ``stop_ids`` and what was expected.
+    """
+    expected = "stop_ids must be a collection of int token ids"
+    if isinstance(stop_ids, (str, bytes, bytearray)) or not hasattr(stop_ids, "__iter__"):
+        raise TypeError(f"{expected}, got {type(stop_ids).__name__} {stop_ids!r:.80}")
+    ids = []
+    for i, token in enumerate(stop_ids):
+        if not is_int(token):
+            raise TypeError(f"{expected}; stop_ids[{i}] is {type(token).__name__} {token!r:.80}")
+        if not 0 <= token < 2**63:
+            raise ValueError(f"stop_ids[{i}] must be an int in [0, 2**63), got {token}")
+        ids.append(int(token))
+    return frozenset(ids)
+
+
+def as_text(piece, name: str = "detokenize") -> str:
+    """What a ``detokenize`` returned, as text: ``str`` as is, bytes decoded as UTF-8.
+
+    Invalid or unfinished UTF-8 becomes U+FFFD, as tokenizers' own ``decode`` does, so
+    that bytes are streamed exactly as text is (llama.cpp's ``detokenize`` returns
+    bytes).
+
+    Raises
+    ------
+    TypeError
+        Anything else, naming ``name``.
+    """
+    if isinstance(piece, str):
+        return piece
+    if isinstance(piece, (bytes, bytearray, memoryview)):
+        return bytes(piece).decode("utf-8", errors="replace")
+    raise TypeError(
+        f"{name} must return str or bytes (UTF-8), got {type(piece).__name__} {piece!r:.80}"
+    )
+
+
+def check_detokenize(detokenize):
+    """``detokenize`` must be callable (``detokenize(list of int) -> str or bytes``)."""
+    if not callable(detokenize):
+        raise TypeError(
+            "detokenize must be a callable, detokenize(list of int) -> str or bytes, "
+            f"got {type(detokenize).__name__} {detokenize!r:.80}"
+        )
+    return detokenize
 
 
 def render_chat_template(
@@ -108,6 +187,66 @@ def render_chat_template(
         )
     except jinja2.exceptions.TemplateError as error:
         raise ValueError(f"the model's chat template failed: {error}") from None
+
+
+def encode_chat_ids(
+    render: Callable[[list], str],
+    messages,
+    tokenize_markup: Callable[[str], list],
+    tokenize_text: Callable[[str], list],
+    special_content: bool = False,
+) -> list:
+    r"""Token ids of a chat whose message content stays text: no control token from it.
+
+    Tokenizing a rendered chat template with special tokens parsed (what Hugging
+    Face's ``apply_chat_template(tokenize=True)`` and llama-cpp-python's chat handlers
+    do) turns a message holding ``<|im_end|>\n<|im_start|>system\n...`` into the
+    template's own control tokens: the writer of the message forges a turn.  Here
+    only the template's markup is parsed for special tokens, and each message's
+    content is tokenized as plain text.  A chat whose contents hold no special-token
+    text is tokenized whole, as before (the same ids, so the same replies); one that
+    does is rendered with an unguessable placeholder per content, and the markup
+    between placeholders and the contents are tokenized apart.
+
+    Parameters
+    ----------
+    render : callable
+        ``render(messages) -> str``: the chat template (with the generation prompt).
+    messages : list of dict
+        The chat (checked).
+    tokenize_markup : callable
+        ``tokenize_markup(text) -> list of int``, parsing special tokens, adding none.
+    tokenize_text : callable
+        ``tokenize_text(text) -> list of int``, all of it plain text, adding none.
+    special_content : bool, default False
+        Parse special tokens in the content too (the peers' behaviour, for callers who
+        write control tokens in their messages on purpose).
+
+    Returns
+    -------
+    list of int
+    """
+    messages = check_messages(messages)
+    if not isinstance(special_content, bool):
+        raise TypeError(f"special_content must be True or False, got {special_content!r}")
+    contents = [message["content"] for message in messages]
+    if special_content or all(tokenize_markup(c) == tokenize_text(c) for c in contents):
+        return [int(t) for t in tokenize_markup(render(messages))]
+    nonce = secrets.token_hex(8)
+    marks = [f"\ue000{nonce}:{i}\ue001" for i in range(len(messages))]
+    text = render([dict(m, content=mark) for m, mark in zip(messages, marks, strict=True)])
+    ids: list = []
+    position = 0
+    for match in re.finditer("\ue000" + nonce + r":(\d+)\ue001", text):
+        if match.start() > position:
+            ids += tokenize_markup(text[position : match.start()])
+        content = contents[int(match.group(1))]
+        if content:
+            ids += tokenize_text(content)
+        position = match.end()
+    if position < len(text):
+        ids += tokenize_markup(text[position:])
+    return [int(t) for t in ids]
 
 
 def end_of_turn_id(
@@ -178,7 +317,8 @@ class IncrementalDetokenizer:
     ----------
     detokenize : callable
         ``detokenize(list of int) -> str`` (an adapter's ``detokenize``), replacing
-        invalid UTF-8 with U+FFFD.
+        invalid UTF-8 with U+FFFD, or ``-> bytes`` (UTF-8, as llama.cpp's), decoded
+        here the same way.
     on_text : callable, optional
         ``on_text(str)`` for each non-empty piece, when used as a streamer.
     stop_ids : collection of int, optional
@@ -190,10 +330,12 @@ class IncrementalDetokenizer:
         Everything emitted so far.
     """
 
-    def __init__(self, detokenize: Callable[[list], str], on_text=None, stop_ids=()):
-        self._detokenize = detokenize
+    def __init__(self, detokenize: Callable[[list], str | bytes], on_text=None, stop_ids=()):
+        self._user_detokenize = check_detokenize(detokenize)
+        if on_text is not None and not callable(on_text):
+            raise TypeError(f"on_text must be a callable or None, got {type(on_text).__name__}")
         self._on_text = on_text
-        self._stop_ids = frozenset(int(t) for t in stop_ids)
+        self._stop_ids = check_stop_ids(stop_ids)
         self._ids: list[int] = []
         self._prefix = 0  # start of the window decoded for context
         self._read = 0  # tokens whose text has been emitted
@@ -201,9 +343,16 @@ class IncrementalDetokenizer:
         self._prompt_seen = False
         self.text = ""
 
+    def _detokenize(self, ids: list) -> str:
+        return as_text(self._user_detokenize(ids))
+
     def push(self, ids) -> str:
         """Add tokens; return the text they completed (maybe empty)."""
-        self._ids.extend(int(t) for t in ids if int(t) not in self._stop_ids)
+        try:
+            new = [operator.index(t) for t in ids]
+        except TypeError:
+            raise TypeError(f"ids must be a sequence of int token ids, got {ids!r:.80}") from None
+        self._ids.extend(t for t in new if t not in self._stop_ids)
         before = self._detokenize(self._ids[self._prefix : self._read])
         after = self._detokenize(self._ids[self._prefix :])
         start = len(before) + self._ahead

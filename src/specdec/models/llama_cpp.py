@@ -17,7 +17,7 @@ import numpy as np
 from specdec.models._cached import PrefixCachedModel
 from specdec.models._llama_batch import TokenBatch
 from specdec.models._optional import import_optional
-from specdec.models._text import end_of_turn_id, render_chat_template
+from specdec.models._text import encode_chat_ids, end_of_turn_id, render_chat_template
 
 __all__ = ["BatchVarianceWarning", "LlamaCppModel", "smollm2_path"]
 
@@ -511,9 +511,32 @@ class LlamaCppModel(PrefixCachedModel):
             add_generation_prompt=add_generation_prompt,
         )
 
-    def encode_chat(self, messages) -> list[int]:
-        """Token ids of the chat, ready for the assistant's reply (see apply_chat_template)."""
-        return self.tokenize(self.apply_chat_template(messages), add_bos=False, special=True)
+    def encode_chat(self, messages, special_content: bool = False) -> list[int]:
+        """Token ids of the chat, ready for the assistant's reply (see apply_chat_template).
+
+        Only the template's markup becomes control tokens: a message's content is
+        plain text, so text such as ``<|im_end|>`` in a message cannot end its turn
+        or forge another (:func:`specdec.models._text.encode_chat_ids`).
+
+        Parameters
+        ----------
+        messages : list of dict
+            ``{"role": ..., "content": ...}`` messages.
+        special_content : bool, default False
+            Parse special tokens written in the content too (the behaviour of
+            llama-cpp-python's chat handlers).
+
+        Returns
+        -------
+        list of int
+        """
+        return encode_chat_ids(
+            self.apply_chat_template,
+            messages,
+            lambda text: self.tokenize(text, add_bos=False, special=True),
+            lambda text: self.tokenize(text, add_bos=False, special=False),
+            special_content,
+        )
 
     @property
     def stop_token_ids(self) -> list[int]:

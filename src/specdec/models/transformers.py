@@ -9,7 +9,7 @@ import numpy as np
 
 from specdec.models._cached import PrefixCachedModel, common_prefix_length
 from specdec.models._optional import import_optional
-from specdec.models._text import check_messages, end_of_turn_id
+from specdec.models._text import check_messages, encode_chat_ids, end_of_turn_id
 from specdec.models._tree_scoring import tree_arguments
 
 __all__ = ["TransformersModel"]
@@ -450,10 +450,38 @@ class TransformersModel(PrefixCachedModel):
             check_messages(messages), tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
-    def encode_chat(self, messages) -> list[int]:
-        """Token ids of the chat, ready for the assistant's reply (see apply_chat_template)."""
+    def encode_chat(self, messages, special_content: bool = False) -> list[int]:
+        """Token ids of the chat, ready for the assistant's reply (see apply_chat_template).
+
+        Only the template's markup becomes special tokens: a message's content is
+        plain text (``split_special_tokens``), so text such as ``<|im_end|>`` in a
+        message cannot end its turn or forge another
+        (:func:`specdec.models._text.encode_chat_ids`).
+
+        Parameters
+        ----------
+        messages : list of dict
+            ``{"role": ..., "content": ...}`` messages.
+        special_content : bool, default False
+            Parse special tokens written in the content too (the behaviour of
+            ``apply_chat_template(tokenize=True)``).
+
+        Returns
+        -------
+        list of int
+        """
+        tokenizer = self._require_tokenizer()
         # The template writes the special tokens itself: the tokenizer adds none.
-        return self.tokenize(self.apply_chat_template(messages), add_bos=False)
+        return encode_chat_ids(
+            self.apply_chat_template,
+            messages,
+            lambda text: self.tokenize(text, add_bos=False),
+            lambda text: [
+                int(t)
+                for t in tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+            ],
+            special_content,
+        )
 
     def _special_ids(self) -> set:
         """The tokenizer's special tokens and its added tokens (never split in text)."""
