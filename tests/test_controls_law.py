@@ -2,7 +2,7 @@
 
 The output law must be the *warped* target's: temperature, then top-k (ties at the
 boundary kept), then top-p over the top-k survivors (ties kept together), then
-min-p, renormalised -- ``toymodels.warped_probs`` is the oracle and
+min-p, renormalised -- ``law_models.warped_probs`` is the oracle and
 ``enumerate_joint_law(..., top_k=...)`` its joint law.  Each configuration runs
 ``N_RUNS`` seeded generations on both backends and compares the joint law of the
 first new tokens with Pearson's chi-square, cells of expectation < 5 pooled, and
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from toymodels import (
+from law_models import (
     ContextModel,
     SparseVocabModel,
     enumerate_joint_law,

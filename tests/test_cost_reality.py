@@ -20,7 +20,7 @@ import warnings
 
 import numpy as np
 import pytest
-from toymodels import ContextModel
+from law_models import ContextModel
 
 import specdec
 from specdec import SpeculativeDecoder

@@ -12,7 +12,7 @@
 * **The exact law**: for fixed rows (V = 4, k = 3) that do not depend on the
   context, the emitted tokens completed by independent target draws up to k + 1
   tokens must follow prod_j p_j exactly (lossless speculative sampling, for either
-  scheme); compared by the pooled chi-square of ``toymodels`` at fixed seeds.  The
+  scheme); compared by the pooled chi-square of ``law_models`` at fixed seeds.  The
   same statistic rejects a sampler that keeps every draft (power).
 * **Inputs**: float32/float64, CPU torch tensors through DLPack, read-only and
   strided arrays, caller arrays bit-identical after every call; and every bad
@@ -30,7 +30,7 @@ import os
 
 import numpy as np
 import pytest
-from toymodels import ContextModel, pooled_chisquare, same_state, warped_probs
+from law_models import ContextModel, pooled_chisquare, same_state, warped_probs
 
 import specdec
 from specdec import _engine_run, engine

@@ -1,10 +1,10 @@
 """The output law of speculative sampling equals the target's, tested against enumeration.
 
-With a tiny vocabulary and context-dependent toy models (``toymodels.ContextModel``),
+With a tiny vocabulary and context-dependent toy models (``law_models.ContextModel``),
 ``enumerate_joint_law`` gives the target's exact joint law of the first few new
 tokens (an outcome that ends at EOS early is its own cell).  Each test runs
 ``N_RUNS`` seeded generations and compares the outcomes with that law by Pearson's
-chi-square, cells of expectation < 5 pooled (``toymodels.pooled_chisquare``), and
+chi-square, cells of expectation < 5 pooled (``law_models.pooled_chisquare``), and
 asserts ``p > ALPHA``.  It also asserts that no outcome of probability 0 occurs.
 
 False alarms.  For a correct sampler the p-value is uniform, so a test fails by
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from toymodels import (
+from law_models import (
     ContextModel,
     SparseVocabModel,
     enumerate_joint_law,

@@ -27,7 +27,7 @@ import copy
 
 import numpy as np
 import pytest
-from toymodels import ContextModel
+from law_models import ContextModel
 
 import specdec
 from specdec._backend import kernels_for

@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from toymodels import ContextModel, same_state
+from law_models import ContextModel, same_state
 
 from specdec._backend import available_backends, kernels_for
 from specdec._common import (

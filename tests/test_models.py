@@ -31,25 +31,14 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from conftest import require_module, require_smollm2
 
 import specdec
 from specdec import models
 from specdec.drafters import Chain, NGram, PromptLookup
 from specdec.drafters.cost import DEFAULT_COST_CURVE
 
-REQUIRE_MODELS = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
-
 GAMMA = 4
-
-
-def _require(module_name: str):
-    """Import an optional dependency, or skip (fail under SPECDEC_REQUIRE_MODELS=1)."""
-    if REQUIRE_MODELS:
-        try:
-            return importlib.import_module(module_name)
-        except ImportError as exc:
-            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {module_name!r} cannot be imported: {exc}")
-    return pytest.importorskip(module_name)
 
 
 def _rss_bytes() -> int | None:
@@ -266,8 +255,8 @@ TF_VOCAB = 211
 @pytest.fixture(scope="module")
 def tiny_lms():
     """A tiny GPT-2 (draft) and a tiny Llama (target) with seeded random weights."""
-    torch = _require("torch")
-    transformers = _require("transformers")
+    torch = require_module("torch")
+    transformers = require_module("transformers")
     torch.manual_seed(0)
     gpt2 = transformers.GPT2LMHeadModel(
         transformers.GPT2Config(
@@ -368,8 +357,8 @@ def test_transformers_rejects_bad_input(tiny_lms):
 
 
 def test_transformers_text_with_a_tokenizer(tiny_lms):
-    tokenizers = _require("tokenizers")
-    transformers = _require("transformers")
+    tokenizers = require_module("tokenizers")
+    transformers = require_module("transformers")
     # A word-level tokenizer built in memory (no download): ids 0..5 are words.
     words = ["<s>", "</s>", "<unk>", "the", "cat", "sat"]
     core = tokenizers.Tokenizer(
@@ -483,13 +472,7 @@ LLAMA_TOL = 1e-3
 @pytest.fixture(scope="module")
 def smollm2():
     """Path of the SmolLM2 GGUF; skipped (or failed under SPECDEC_REQUIRE_MODELS=1) if absent."""
-    _require("llama_cpp")
-    try:
-        return models.smollm2_path()
-    except FileNotFoundError as exc:
-        if REQUIRE_MODELS:
-            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
-        pytest.skip(str(exc))
+    return require_smollm2()
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from toymodels import ContextModel, same_state
+from law_models import ContextModel, same_state
 
 from specdec import SpeculativeDecoder, sample
 from specdec._backend import _use_simd_level, available_backends, available_simd_levels

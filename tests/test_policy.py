@@ -1,7 +1,7 @@
 """Draft-length policies: the cost curve, PositionalDraftLength's model and decisions, the
 decoder keeping its policy across calls, and drafters not capped by the default gamma.
 
-The law with these policies is tested in tests/test_drafting.py (they only choose how
+The law with these policies is tested in tests/test_decoder_drafting.py (they only choose how
 many drafted tokens the target verifies, from what is known before its pass).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from toymodels import ContextModel
+from law_models import ContextModel
 
 import specdec
 from specdec.drafters import (

@@ -18,7 +18,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from toymodels import ContextModel
+from law_models import ContextModel
 
 from specdec import SpeculativeDecoder
 from specdec.drafters import Chain, Drafter, DraftLengthPolicy, NGram, PromptLookup

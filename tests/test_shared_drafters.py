@@ -17,7 +17,7 @@ import threading
 
 import numpy as np
 import pytest
-from toymodels import ContextModel
+from law_models import ContextModel
 
 import specdec
 from specdec.drafters import (

@@ -16,13 +16,12 @@ contract around it:
 
 from __future__ import annotations
 
-import importlib
-import os
 import threading
 
 import numpy as np
 import pytest
-from toymodels import ContextModel
+from conftest import require_module, require_smollm2
+from law_models import ContextModel
 
 import specdec
 from specdec import SpeculativeDecoder
@@ -30,7 +29,6 @@ from specdec.drafters import Chain, NGram, PromptLookup
 from specdec.drafters.cost import DEFAULT_COST_CURVE
 from specdec.models._cached import PrefixCachedModel
 
-REQUIRE_MODELS = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
 V = 8
 PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
 
@@ -327,18 +325,12 @@ def test_consumer_time_is_not_decoder_time(backend):
 # -- real models ------------------------------------------------------------------
 
 
-def _require(module_name):
-    if REQUIRE_MODELS:
-        return importlib.import_module(module_name)
-    return pytest.importorskip(module_name)
-
-
 @pytest.fixture(scope="module")
 def tiny_hf():
     """A tiny Llama with seeded weights and a byte-level tokenizer built in memory."""
-    torch = _require("torch")
-    transformers = _require("transformers")
-    tokenizers = _require("tokenizers")
+    torch = require_module("torch")
+    transformers = require_module("transformers")
+    tokenizers = require_module("tokenizers")
     torch.manual_seed(0)
     # One token per byte (no merges): a multi-byte character spans several tokens.
     alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
@@ -364,7 +356,7 @@ def tiny_hf():
 
 
 def test_hf_text_streamer_prints_the_generated_text(tiny_hf, backend, capsys):
-    transformers = _require("transformers")
+    transformers = require_module("transformers")
     model, tokenizer = tiny_hf
     target = specdec.models.TransformersModel(model, tokenizer=tokenizer)
     prompt = target.tokenize("Hello, world. Hello, ")
@@ -376,7 +368,7 @@ def test_hf_text_streamer_prints_the_generated_text(tiny_hf, backend, capsys):
 
 
 def test_hf_text_iterator_streamer_in_a_thread(tiny_hf, backend):
-    transformers = _require("transformers")
+    transformers = require_module("transformers")
     model, tokenizer = tiny_hf
     target = specdec.models.TransformersModel(model, tokenizer=tokenizer)
     prompt = target.tokenize("abc abc abc ")
@@ -434,13 +426,7 @@ def test_transformers_interrupted_mid_forward_then_clean(tiny_hf, backend):
 @pytest.fixture(scope="module")
 def smollm2_path():
     """The SmolLM2 GGUF (skipped where absent, failed under SPECDEC_REQUIRE_MODELS=1)."""
-    _require("llama_cpp")
-    try:
-        return specdec.models.smollm2_path()
-    except FileNotFoundError as exc:
-        if REQUIRE_MODELS:
-            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
-        pytest.skip(str(exc))
+    return require_smollm2()
 
 
 def _interrupt_decode(adapter, n):

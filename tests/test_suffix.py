@@ -2,7 +2,7 @@
 is bounded, and in the decoder greedy decoding stays the target's argmax decoding.
 
 The law tests (exact joint law, both backends and verification schemes) run it in
-tests/test_drafting.py.
+tests/test_decoder_drafting.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import collections
 
 import numpy as np
 import pytest
-from toymodels import ContextModel
+from law_models import ContextModel
 
 import specdec
 from specdec.drafters import SuffixDrafter

@@ -8,11 +8,9 @@ otherwise, failed under ``SPECDEC_REQUIRE_MODELS=1``).
 
 from __future__ import annotations
 
-import importlib
-import os
-
 import numpy as np
 import pytest
+from conftest import require_module, require_smollm2
 
 import specdec
 from specdec import SpeculativeDecoder
@@ -23,8 +21,6 @@ from specdec.models._text import (
     end_of_turn_id,
     render_chat_template,
 )
-
-REQUIRE_MODELS = os.environ.get("SPECDEC_REQUIRE_MODELS") == "1"
 
 TEXT = "Hi 😀, 日本語 and ünïcödé: ok 🎉🎉 — done."
 CHATML = (
@@ -303,24 +299,11 @@ def test_chat_bad_arguments(backend):
 # -- real tokenizers and templates ----------------------------------------------------------
 
 
-def _require(module_name):
-    if REQUIRE_MODELS:
-        return importlib.import_module(module_name)
-    return pytest.importorskip(module_name)
-
-
 @pytest.fixture(scope="module")
 def smollm2():
-    _require("llama_cpp")
     from specdec import models
 
-    try:
-        path = models.smollm2_path()
-    except FileNotFoundError as exc:
-        if REQUIRE_MODELS:
-            pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
-        pytest.skip(str(exc))
-    return models.LlamaCppModel(path, n_ctx=512, n_threads=1)
+    return models.LlamaCppModel(require_smollm2(), n_ctx=512, n_threads=1)
 
 
 def test_smollm2_template_and_end_of_turn(smollm2):
@@ -378,9 +361,9 @@ def test_smollm2_chat_stops_at_end_of_turn(smollm2, backend):
 
 def test_transformers_tokenizer_template(backend):
     # Seeded: an untrained model's weights otherwise depend on the tests run before.
-    _require("torch").manual_seed(0)
-    transformers = _require("transformers")
-    tokenizers = _require("tokenizers")
+    require_module("torch").manual_seed(0)
+    transformers = require_module("transformers")
+    tokenizers = require_module("tokenizers")
     alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
     core = tokenizers.Tokenizer(
         tokenizers.models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[])

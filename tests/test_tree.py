@@ -1,7 +1,7 @@
 """Tree verification (``specdec.verify_tree``): exact law, greedy, chains, parity, errors.
 
 Exact law.  Each scenario builds, per run, a tree of candidates after a prompt from
-a context-dependent draft model (``toymodels.ContextModel``): deterministic children
+a context-dependent draft model (``law_models.ContextModel``): deterministic children
 (the draft's most likely tokens: one-hot drafts) or children drawn independently from
 the draft's warped law at their parent's context (sampled drafts, given to the
 kernel as logits or probabilities).  The target scores every node's context;
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 from conftest import PURE_PYTHON
-from toymodels import (
+from law_models import (
     ContextModel,
     SparseVocabModel,
     enumerate_joint_law,

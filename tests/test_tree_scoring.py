@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from toymodels import ContextModel
+from conftest import require_module, require_smollm2
+from law_models import ContextModel
 
 from specdec.models._tree_scoring import node_paths, score_tree, score_tree_by_branches
 
@@ -76,13 +77,9 @@ LLAMA_TOL = 1e-3
 @pytest.fixture(scope="module", params=["branches", "one pass"])
 def smol_pair(request):
     """A cached target scoring trees, and a judge that evaluates each sequence from empty."""
-    pytest.importorskip("llama_cpp")
     from specdec import models
 
-    try:
-        path = models.smollm2_path()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+    path = require_smollm2()
     if request.param == "one pass":
         from specdec.models._llama_tree import LlamaCppTreeModel
 
@@ -194,20 +191,13 @@ def test_llama_ctrl_c_inside_a_tree_pass_then_continuing_the_text(smol_pair):
 
 # -- a real adapter: a tiny Llama through transformers (skipped where absent) ------------
 
-REQUIRE_MODELS = __import__("os").environ.get("SPECDEC_REQUIRE_MODELS") == "1"
 TF_TOL = 1e-4  # float32: a batch under a mask and a plain sequence sum in other orders
-
-
-def _require(name):
-    if REQUIRE_MODELS:
-        return __import__(name)
-    return pytest.importorskip(name)
 
 
 @pytest.fixture(scope="module")
 def tiny_llama():
-    torch = _require("torch")
-    transformers = _require("transformers")
+    torch = require_module("torch")
+    transformers = require_module("transformers")
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(
         transformers.LlamaConfig(
@@ -306,8 +296,8 @@ def test_transformers_sampled_trees_of_a_draft_model_score_as_fresh_models(tiny_
     from specdec.drafters import PositionalDraftLength
     from specdec.models import TransformersModel
 
-    torch = _require("torch")
-    transformers = _require("transformers")
+    torch = require_module("torch")
+    transformers = require_module("transformers")
     torch.manual_seed(1)
     draft_net = transformers.LlamaForCausalLM(tiny_llama.config)
 

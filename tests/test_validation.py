@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from toymodels import ContextModel
+from law_models import ContextModel
 
 from specdec import SpeculativeDecoder, sample
 

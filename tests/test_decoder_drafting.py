@@ -19,7 +19,7 @@ import collections
 
 import numpy as np
 import pytest
-from toymodels import ContextModel, enumerate_joint_law, new_tokens, pooled_chisquare
+from law_models import ContextModel, enumerate_joint_law, new_tokens, pooled_chisquare
 
 import specdec
 from specdec._backend import kernels_for
