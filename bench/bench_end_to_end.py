@@ -35,20 +35,25 @@ only these): ``SPECDEC_E2E_TOKENS`` (new tokens, default 96), ``SPECDEC_E2E_REPE
 (3), ``SPECDEC_E2E_PROMPTS`` (prompts per set, default all), ``SPECDEC_E2E_TEMPERATURES``
 (``0,0.7``), ``SPECDEC_E2E_BACKENDS`` (``llama,transformers``), ``SPECDEC_E2E_KINDS``
 (run kinds, default all), ``SPECDEC_E2E_GAMMA`` (most drafted tokens per step, 10),
-``SPECDEC_E2E_THREADS`` (1), ``SPECDEC_E2E_BATCH_THREADS`` (0: llama-cpp-python's
-default), ``SPECDEC_E2E_HF_DIR`` (where the transformers copy of the
-weights is kept, see :func:`load_transformers`).
+``SPECDEC_E2E_THREADS`` (default: the usable cores), ``SPECDEC_E2E_BATCH_THREADS`` (0: as
+``THREADS``), ``SPECDEC_E2E_PLAIN_THREADS`` (the other thread counts plain decoding runs
+at, comma-separated; default half the usable cores), ``SPECDEC_E2E_HF_DIR`` (where the
+transformers copy of the weights is kept, see :func:`load_transformers`).
 
 How it measures
 ---------------
-* Threads: ``n_threads=1`` for llama.cpp's single tokens with llama-cpp-python's
-  default ``n_threads_batch`` (all cores) for its batches, the setting users get
-  (``--batch-threads 1`` gives the worst case for speculation), and
-  ``torch.set_num_threads(1)``: with as many threads as cores for every pass,
-  llama.cpp's OpenMP barriers stall for hundreds of milliseconds whenever another
-  process takes a core of this shared 2-core machine.  The report's first line
-  states the settings, as read back from the models, and the load average before
-  and after.
+* Threads: every system runs on ``--threads`` (default: every usable core, the
+  adapters' default) for one-token passes and batches alike (``n_threads`` and
+  ``n_threads_batch`` of llama.cpp, torch's threads).  Plain decoding, specdec's
+  (``sample``) and the peers' (``lcpp``, ``hf``), also runs at every other thread
+  count that could be fastest (``--plain-threads``, default half the usable cores:
+  kinds ``sample@N``, ``lcpp@N``, ``hf@N``), and **every ratio is against the fastest
+  plain loop** of the prompt (the highest median tokens/s of those kinds), so that no
+  speedup is measured against a slower plain loop than a user gets by setting the
+  threads.  The report's first lines name the CPU, the core count, the settings as
+  read back from the models, the fastest plain loop's time per token, and the load
+  average before and after.  llama.cpp's threads wait for each other at every
+  layer: measure on a quiet machine.
 * llama.cpp: decoding only.  Before the clock starts, the model's cache holds the
   prompt except its last token, for every method alike; each method evaluates that
   last token itself and then generates.  (Prompt processing is the same batch for
@@ -112,6 +117,7 @@ from e2e_report import markdown  # noqa: E402
 
 import specdec  # noqa: E402
 from specdec import models  # noqa: E402
+from specdec.models._threads import usable_cores  # noqa: E402
 from specdec.drafters import (  # noqa: E402
     Chain,
     HeuristicDraftLength,
@@ -162,6 +168,19 @@ TRANSFORMERS_DEFAULT = ("sample", "lookup", "lookup-tree", "hf", "hf-lookup")
 TREE_KINDS = ("lookup-tree",)
 #: Kinds run only greedily by default: they exist to measure greedy identity.
 GREEDY_ONLY = ("sample-min2", "lookup-min2")
+#: Plain loops (no drafting), specdec's and the peers': also run at each of
+#: ``Config.plain_threads`` as ``kind@N``, and the fastest of them is the baseline.
+PLAIN_KINDS = ("sample", "lcpp", "hf")
+
+
+def split_kind(kind: str) -> tuple[str, int | None]:
+    """``"sample@1"`` -> ``("sample", 1)``; a kind without ``@`` runs at ``Config.threads``."""
+    base, _, threads = kind.partition("@")
+    return base, int(threads) if threads else None
+
+
+def _default_plain_threads() -> str:
+    return str(max(1, usable_cores() // 2))
 
 
 def _env_list(name: str, default: str) -> list[str]:
@@ -184,9 +203,20 @@ class Config:
     kinds: list = field(default_factory=lambda: _env_list("SPECDEC_E2E_KINDS", ""))
     #: Most drafted tokens per step; 0: the decoder's default (a drafter's own num_tokens).
     gamma: int = field(default_factory=lambda: int(os.environ.get("SPECDEC_E2E_GAMMA", 0)))
-    threads: int = field(default_factory=lambda: int(os.environ.get("SPECDEC_E2E_THREADS", 1)))
+    threads: int = field(
+        default_factory=lambda: int(os.environ.get("SPECDEC_E2E_THREADS", 0)) or usable_cores()
+    )
+    #: llama.cpp's n_threads_batch; 0: the same as ``threads``.
     batch_threads: int = field(
         default_factory=lambda: int(os.environ.get("SPECDEC_E2E_BATCH_THREADS", 0))
+    )
+    #: The other thread counts plain decoding runs at (both token and batch threads).
+    plain_threads: list = field(
+        default_factory=lambda: [
+            int(t)
+            for t in _env_list("SPECDEC_E2E_PLAIN_THREADS", _default_plain_threads())
+            if int(t) > 0
+        ]
     )
 
     def prompt_items(self) -> list[tuple[str, str, str]]:
@@ -199,8 +229,16 @@ class Config:
             items += [(set_name, name, text) for name, text in chosen]
         return items
 
+    def other_plain_threads(self) -> list[int]:
+        """The thread counts plain loops also run at (those not ``threads`` itself)."""
+        return sorted({t for t in self.plain_threads if t != self.threads})
+
     def kinds_for(self, backend: str, temperature: float) -> list[str]:
-        """The run kinds of a backend at a temperature (the baseline always first)."""
+        """The run kinds of a backend at a temperature (the baseline always first).
+
+        The plain loops among them run again at each of :meth:`other_plain_threads`
+        (``sample@N``, ``lcpp@N``, ``hf@N``).
+        """
         kinds = LLAMA_KINDS if backend == "llama" else TRANSFORMERS_KINDS
         if self.kinds:
             kinds = [k for k in kinds if k in self.kinds or k == "sample"]
@@ -208,7 +246,8 @@ class Config:
             kinds = [k for k in kinds if k in TRANSFORMERS_DEFAULT]
         elif temperature > 0:
             kinds = [k for k in kinds if k not in GREEDY_ONLY]
-        return list(kinds)
+        plain = [k for k in kinds if k in PLAIN_KINDS]
+        return list(kinds) + [f"{k}@{n}" for n in self.other_plain_threads() for k in plain]
 
 
 # --- optional parts -----------------------------------------------------------------------
@@ -337,12 +376,15 @@ class Bench:
         self.backends = backends
         self.llama = self.target = self.target_min2 = None
         self.hf_model = self.hf_target = None
+        #: llama.cpp models at the other plain thread counts, by thread count.
+        self.plain_targets: dict = {}
         self._ngram = None
         path = models.smollm2_path()
         if "llama" in backends:
-            # One Llama serves every llama.cpp kind (the adapters and llama-cpp-python
-            # itself), so that they share weights, threads and context settings.
-            # n_threads_batch=None: llama-cpp-python's default (all cores), the users' one.
+            # One Llama serves every llama.cpp kind at config.threads (the adapters and
+            # llama-cpp-python itself), so that they share weights, threads and context
+            # settings; the plain loops at other thread counts have their own (the
+            # weights are shared by the mmap).
             self.target = models.LlamaCppModel(
                 path,
                 n_ctx=2048,
@@ -350,6 +392,10 @@ class Bench:
                 n_threads_batch=config.batch_threads or None,
                 seed=0,
             )
+            for n in config.other_plain_threads():
+                self.plain_targets[n] = models.LlamaCppModel(
+                    path, n_ctx=2048, n_threads=n, n_threads_batch=n, seed=0
+                )
             self.llama = self.target.llama
             self.target_min2 = models.LlamaCppModel(self.llama, min_eval_tokens=2)
             # A tree pass needs a context with several sequences: its own Llama (the
@@ -446,15 +492,26 @@ class Bench:
         n = tokens or self.config.tokens
         record = Record(backend, set_name, name, temperature, kind, repeat)
         seed = repeat
-        if backend == "llama" and kind in ("lcpp", "lcpp-lookup"):
-            body, finish = self._lcpp(record, prompt, n, temperature, seed)
+        base, threads = split_kind(kind)
+        restore_torch_threads = None
+        if backend == "transformers" and threads is not None:
+            # torch's threads are the process's: set for this run only (untimed)
+            import torch
+
+            restore_torch_threads = torch.get_num_threads()
+            torch.set_num_threads(threads)
+        if backend == "llama" and base in ("lcpp", "lcpp-lookup"):
+            target = self.plain_targets[threads] if threads else self.target
+            body, finish = self._lcpp(record, target, prompt, n, temperature, seed)
         elif backend == "llama":
             target = self.target_min2 if kind.endswith("-min2") else self.target
             if kind in TREE_KINDS:
                 target = self.tree_target
+            if threads:
+                target = self.plain_targets[threads]
             self._prefill_llama(prompt, target)
             body, finish = self._specdec(record, target, prompt, n, temperature, seed)
-        elif kind in ("hf", "hf-lookup"):
+        elif base in ("hf", "hf-lookup"):
             body, finish = self._hf(record, prompt, n, temperature, seed)
         else:
             self.hf_target.reset()  # as for model.generate: the prompt pass is timed
@@ -464,8 +521,14 @@ class Bench:
 
         def go():
             start = time.perf_counter()
-            result = body()
-            record.seconds = time.perf_counter() - start
+            try:
+                result = body()
+            finally:
+                record.seconds = time.perf_counter() - start
+                if restore_torch_threads is not None:
+                    import torch
+
+                    torch.set_num_threads(restore_torch_threads)
             finish(result)
             if record.output:
                 ids = record.output[:-1] if record.output[-1] == EOS else record.output
@@ -498,14 +561,14 @@ class Bench:
 
         return body, finish
 
-    def _lcpp(self, record, prompt, n, temperature, seed):
+    def _lcpp(self, record, target, prompt, n, temperature, seed):
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        llama = self.llama
-        self._prefill_llama(prompt)
+        llama = target.llama
+        self._prefill_llama(prompt, target)
         draft = (
             LlamaPromptLookupDecoding(num_pred_tokens=PEER_LOOKUP_TOKENS)
-            if record.kind == "lcpp-lookup"
+            if split_kind(record.kind)[0] == "lcpp-lookup"
             else None
         )
         # Count its passes and evaluated tokens: every evaluation goes through eval().
@@ -573,7 +636,7 @@ class Bench:
             options.update(do_sample=False)
         else:
             options.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-        if record.kind == "hf-lookup":
+        if split_kind(record.kind)[0] == "hf-lookup":
             options.update(prompt_lookup_num_tokens=PEER_LOOKUP_TOKENS)
 
         def body():
@@ -746,20 +809,38 @@ def _load() -> str:
         return "?"
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
 def threads_note(bench: Bench, config: Config) -> str:
-    """The thread settings every run used, as read back from the models."""
-    notes = []
+    """The CPU, its cores and the thread settings of the runs, read back from the models."""
+    notes = [f"{cpu_name()}, {usable_cores()} usable cores ({os.cpu_count()} in all)"]
     if bench.llama is not None:
         notes.append(
             f"llama.cpp n_threads={bench.llama.n_threads}, "
             f"n_threads_batch={bench.llama.n_threads_batch}"
-            + (" (llama-cpp-python's default)" if not config.batch_threads else "")
         )
+        for n, target in bench.plain_targets.items():
+            notes.append(
+                f"plain loops @{n}: n_threads={target.llama.n_threads}, "
+                f"n_threads_batch={target.llama.n_threads_batch}"
+            )
     if bench.hf_model is not None:
         import torch
 
-        notes.append(f"torch threads={torch.get_num_threads()}")
-    return "; ".join(notes) + f"; {os.cpu_count()} cores"
+        notes.append(
+            f"torch threads={torch.get_num_threads()}"
+            + "".join(f"; plain loops @{n}: torch threads={n}" for n in config.other_plain_threads())
+        )
+    return "; ".join(notes)
 
 
 def run_all(config: Config, progress=print, checkpoint=None) -> tuple[list[Record], dict]:
@@ -864,11 +945,20 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", help="comma-separated: llama,transformers")
     parser.add_argument("--kinds", help="comma-separated run kinds (the baseline always runs)")
     parser.add_argument("--gamma", type=int)
-    parser.add_argument("--threads", type=int, help="llama.cpp n_threads and torch threads (1)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="llama.cpp n_threads and torch threads of every run (default: the usable cores)",
+    )
     parser.add_argument(
         "--batch-threads",
         type=int,
-        help="llama.cpp n_threads_batch (default 0: llama-cpp-python's default, all cores)",
+        help="llama.cpp n_threads_batch (default 0: the same as --threads)",
+    )
+    parser.add_argument(
+        "--plain-threads",
+        help="comma-separated: other thread counts plain decoding also runs at (default: "
+        "half the usable cores); the fastest plain loop is every ratio's baseline",
     )
     parser.add_argument("--json", help="write every run's record to this file")
     parser.add_argument("--from-json", help="print the tables of an earlier --json file")
@@ -890,6 +980,8 @@ def main(argv=None) -> int:
         config.backends = args.backends.split(",")
     if args.kinds:
         config.kinds = args.kinds.split(",")
+    if args.plain_threads is not None:
+        config.plain_threads = [int(t) for t in args.plain_threads.split(",") if t.strip()]
     if args.from_json:
         data = json.loads(_read_text(args.from_json))
         if "benchmarks" in data:  # pytest-benchmark's JSON

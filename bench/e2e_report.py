@@ -13,10 +13,13 @@ import prompts as prompt_sets
 
 from specdec.drafters.cost import DEFAULT_COST_CURVE
 
-__all__ = ["KIND_LABELS", "cells", "identity", "markdown", "summary"]
+__all__ = ["KIND_LABELS", "cells", "fastest_plain", "identity", "label", "markdown", "summary"]
+
+#: Plain loops (no drafting); each may also run at other thread counts as ``kind@N``.
+PLAIN_KINDS = ("sample", "lcpp", "hf")
 
 KIND_LABELS = {
-    "sample": "specdec.sample (baseline)",
+    "sample": "specdec.sample",
     "lookup": "specdec + PromptLookup",
     "lookup-tree": "specdec + PromptLookup, trees of candidates",
     "suffix": "specdec + SuffixDrafter",
@@ -47,6 +50,30 @@ def _fmt(value, digits=2) -> str:
     return f"{value:.{digits}f}"
 
 
+def label(kind: str) -> str:
+    """A run kind's name in the tables (``sample@1``: specdec.sample, 1 thread)."""
+    base, _, threads = kind.partition("@")
+    name = KIND_LABELS.get(base, base)
+    return f"{name}, {threads} thread{'s' if threads != '1' else ''}" if threads else name
+
+
+def is_plain(kind: str) -> bool:
+    """Whether a kind is a plain loop (specdec's or a peer's, at any thread count)."""
+    return kind.partition("@")[0] in PLAIN_KINDS
+
+
+def fastest_plain(grouped: dict, backend, temperature, set_name, prompt):
+    """``(kind, median tokens/s)`` of the fastest plain loop on a prompt, or ``(None, None)``."""
+    best = (None, None)
+    for (b, t, s, kind, p), runs in grouped.items():
+        if (b, t, s, p) != (backend, temperature, set_name, prompt) or not is_plain(kind):
+            continue
+        speed = statistics.median(r.tokens_per_second for r in runs)
+        if best[1] is None or speed > best[1]:
+            best = (kind, speed)
+    return best
+
+
 def cells(records: list) -> dict:
     """Records grouped by (backend, temperature, set, kind, prompt)."""
     grouped: dict = {}
@@ -56,20 +83,25 @@ def cells(records: list) -> dict:
 
 
 def summary(records: list) -> dict:
-    """Per (backend, temperature, set, kind): speeds, ratios, passes, acceptance, identity."""
+    """Per (backend, temperature, set, kind): speeds, ratios, passes, acceptance, identity.
+
+    A ratio is against the fastest plain loop of the same prompt (backend, temperature):
+    the highest median tokens/s of the plain kinds, at any thread count.
+    """
     grouped = cells(records)
     out: dict = {}
     for (backend, temperature, set_name, kind, prompt), runs in grouped.items():
         key = (backend, temperature, set_name, kind)
         entry = out.setdefault(key, {"prompts": {}, "runs": []})
         speed = statistics.median(r.tokens_per_second for r in runs)
-        base_runs = grouped.get((backend, temperature, set_name, "sample", prompt), [])
-        base = statistics.median(r.tokens_per_second for r in base_runs) if base_runs else None
+        fastest, base = fastest_plain(grouped, backend, temperature, set_name, prompt)
         speeds = [r.tokens_per_second for r in runs]
         entry["prompts"][prompt] = {
             "tokens_per_second": speed,
             "ratio": speed / base if base else None,
             "spread": (max(speeds) / min(speeds)) if min(speeds) > 0 else None,
+            "fastest_plain": fastest,
+            "fastest_plain_tokens_per_second": base,
         }
         entry["runs"] += runs
     for key, entry in out.items():
@@ -97,7 +129,7 @@ def summary(records: list) -> dict:
                 hist[i] += c
         entry["draft_hist"] = hist
         entry["identical"] = None
-        if temperature == 0 and kind != "sample":
+        if temperature == 0 and not is_plain(kind):
             # A min_eval_tokens=2 run is compared with plain decoding at the same
             # setting (never a token evaluated alone), the others with the baseline.
             baseline = (
@@ -140,6 +172,34 @@ def markdown(records: list, config, meta: dict) -> str:
         f"{meta.get('load_after')}; {meta.get('threads_note', '')}"
     )
     lines.append("")
+    lines.append(
+        "Every ratio is against the **fastest plain loop** of its prompt: the highest median "
+        "tokens/s among plain decoding's runs (specdec.sample and the peers' own loops, at "
+        "every thread count run)."
+    )
+    lines.append("")
+    grouped = cells(records)
+    for backend in backends:
+        for temperature in config.temperatures:
+            won: dict = {}
+            per_token = []
+            for b, t, s, kind, p in grouped:
+                if (b, t, kind) != (backend, temperature, "sample"):
+                    continue
+                fastest, speed = fastest_plain(grouped, b, t, s, p)
+                won[fastest] = won.get(fastest, 0) + 1
+                per_token.append(1e3 / speed)
+            if per_token:
+                lines.append(
+                    f"- {backend}, T={temperature}: the fastest plain loop takes "
+                    f"{statistics.median(per_token):.1f} ms per token (median over prompts; "
+                    f"{min(per_token):.1f}-{max(per_token):.1f}); fastest: "
+                    + ", ".join(
+                        f"{label(k)} on {n} prompt{'s' if n > 1 else ''}"
+                        for k, n in sorted(won.items())
+                    )
+                )
+    lines.append("")
     for backend in backends:
         for temperature in config.temperatures:
             kinds = [
@@ -163,7 +223,7 @@ def markdown(records: list, config, meta: dict) -> str:
                 rule += "---:|"
             lines += [head, rule]
             for kind in kinds:
-                row = f"| {KIND_LABELS.get(kind, kind)} |"
+                row = f"| {label(kind)} |"
                 same = total = 0
                 for s in sets:
                     e = summ.get((backend, temperature, s, kind))
@@ -233,7 +293,9 @@ def markdown(records: list, config, meta: dict) -> str:
         if meta.get("adapter_curves"):
             lines.append("")
     # per-prompt ratios and draft-length histograms
-    lines.append("#### Per prompt: ratio to the baseline (median tokens/s over repeats)")
+    lines.append(
+        "#### Per prompt: ratio to the fastest plain loop (median tokens/s over repeats)"
+    )
     lines.append("")
     for backend in backends:
         for temperature in config.temperatures:
@@ -247,14 +309,15 @@ def markdown(records: list, config, meta: dict) -> str:
                 continue
             lines.append(f"{backend}, T={temperature}:")
             lines.append("")
-            lines.append("| prompt | baseline tok/s | " + " | ".join(kinds) + " |")
+            lines.append("| prompt | fastest plain tok/s | " + " | ".join(kinds) + " |")
             lines.append("|---|---:|" + "---:|" * len(kinds))
             for s in sets:
                 base = summ.get((backend, temperature, s, "sample"))
                 if base is None:
                     continue
                 for prompt in base["prompts"]:
-                    row = f"| {prompt} | {_fmt(base['prompts'][prompt]['tokens_per_second'], 1)} |"
+                    fastest = base["prompts"][prompt]["fastest_plain_tokens_per_second"]
+                    row = f"| {prompt} | {_fmt(fastest, 1)} |"
                     for k in kinds:
                         e = summ.get((backend, temperature, s, k))
                         p = e["prompts"].get(prompt) if e else None

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from specdec.models._threads import check_threads
+
 __all__ = ["BatchModels", "ModelSpec", "ToyModels", "plain_chat_format"]
 
 
@@ -131,11 +133,20 @@ class ModelSpec:
         target's kind.
     context : int
         The most tokens of prompt and completion per request (a GGUF's ``n_ctx``).
+    threads : int, optional
+        The models' threads (llama.cpp's ``n_threads`` and ``n_threads_batch``,
+        torch's threads); None: every core the process may use.  Workers that share
+        a machine should share its cores: ``specdec batch --workers N`` gives each
+        ``cores // N``.
     """
 
     model: str = "smollm2"
     draft: str = "lookup"
     context: int = 4096
+    threads: int | None = None
+
+    def __post_init__(self):
+        check_threads(self.threads, "threads")
 
     def __call__(self) -> BatchModels:
         """Load the models (raises ``specdec.cli.options.CLIError`` with a hint on failure)."""
@@ -146,12 +157,16 @@ class ModelSpec:
         named = self.draft in ("lookup", "suffix", "ngram", "none")
         if self.model == "smollm2" or self.model.endswith(".gguf"):
             spec = self.draft if self.draft == "ngram" or not named else "lookup"
-            models = demo_models.load_llama_models(self.model, spec, True, self.context)
+            models = demo_models.load_llama_models(
+                self.model, spec, True, self.context, self.threads
+            )
             target = models.target
             draft = models.draft if self.draft == "ngram" or not named else None
         else:
-            target = generate._load_transformers(self.model)
-            draft = None if named else generate._load_transformers(self.draft, "--draft")
+            target = generate._load_transformers(self.model, threads=self.threads)
+            draft = (
+                None if named else generate._load_transformers(self.draft, "--draft", self.threads)
+            )
         if self.draft in ("lookup", "suffix"):
             draft = _drafter(self.draft)
         template = getattr(target, "chat_template", None) is not None

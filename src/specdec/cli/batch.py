@@ -21,12 +21,14 @@ from specdec.batch.job import run_batch
 from specdec.batch.models import ModelSpec
 from specdec.batch.requests import DuplicateCustomId
 from specdec.batch.runner import DEFAULT_DRAFTER_GAMMA, DEFAULT_GAMMA, BatchOptions
+from specdec.models._threads import usable_cores
 from specdec.cli.options import (
     DRAFTS,
     CLIError,
     UsageError,
     add_model_options,
     add_sampling_options,
+    add_threads_option,
     number,
 )
 from specdec.cli.output import Progress, one_line, stderr_line
@@ -78,6 +80,9 @@ def configure(parser) -> None:
         help="serve on a Ray cluster: ADDRESS, else $RAY_ADDRESS, else one started on this "
         "machine by 'ray start', else a new local one (needs cyspecdec[ray])",
     )
+    add_threads_option(
+        parser, "every usable core; with --workers N, cores // N each; one per Ray actor"
+    )
     parser.add_argument(
         "--retry-failed", action="store_true", help="run the requests whose records failed again"
     )
@@ -98,6 +103,22 @@ def _kind(spec: str) -> str:
     if spec == "ngram":
         return "ngram"
     return "gguf" if spec == "smollm2" or spec.endswith(".gguf") else "hf"
+
+
+def _threads(args) -> int | None:
+    """Each worker's model threads: the workers share the cores instead of fighting over them.
+
+    ``--threads`` wins.  Otherwise one process gets every usable core (None: the
+    adapters' default), ``--workers N`` processes ``cores // N`` each (at least 1), and
+    a Ray actor one: it reserves one CPU of its node (``num_cpus=1``).
+    """
+    if args.threads is not None:
+        return args.threads
+    if args.ray is not False:
+        return 1
+    if args.workers == 1:
+        return None
+    return max(1, usable_cores() // args.workers)
 
 
 def _validate(args) -> None:
@@ -164,7 +185,7 @@ def run_batch_command(args) -> int:
         stateful=args.stateful,
         backend=args.backend,
     )
-    factory = ModelSpec(args.model, args.draft, args.context)
+    factory = ModelSpec(args.model, args.draft, args.context, _threads(args))
     if args.ray is not False:
         from specdec.batch.ray_stage import import_ray
 

@@ -21,6 +21,7 @@ from specdec.cli.options import (
     MAX_TOKENS,
     CLIError,
     UsageError,
+    add_threads_option,
     number,
 )
 from specdec.cli.output import Progress, print_json, printable
@@ -196,6 +197,7 @@ def configure(demo) -> None:
         metavar="MS",
         help="simulated extra cost of each draft forward pass (default: %(default)s)",
     )
+    add_threads_option(demo)
     demo.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
     demo.add_argument(
         "--json", action="store_true", help="print a JSON report and nothing else on stdout"
@@ -288,7 +290,7 @@ def run_demo(args) -> int:
         loaded = demo_models.load_ngram_models(quiet)
     else:
         loaded = demo_models.load_llama_models(
-            args.model, args.draft_model or "lookup", quiet, _gguf_context(args)
+            args.model, args.draft_model or "lookup", quiet, _gguf_context(args), args.threads
         )
     if args.gamma is None:
         args.gamma = DEFAULT_DRAFTER_GAMMA if isinstance(loaded.draft, Drafter) else DEFAULT_GAMMA

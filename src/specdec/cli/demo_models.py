@@ -7,7 +7,6 @@ simulated latency of a large model and lets the progress bar see each call.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -147,13 +146,12 @@ def _gguf_path(models, spec: str, option: str) -> Path:
     return path
 
 
-def _load_gguf(models, path: Path, n_ctx: int):
-    # Half the cores: llama.cpp's threads spin while they wait for each other,
-    # and when they outnumber the free cores (a second model, other work) a
-    # token can take ten times longer.
-    threads = max(1, (os.cpu_count() or 2) // 2)
+def _load_gguf(models, path: Path, n_ctx: int, threads: int | None = None):
+    # threads None: the adapter's default, every usable core for tokens and batches.
     try:
-        return models.LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads)
+        return models.LlamaCppModel(
+            path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads
+        )
     except (ValueError, OSError, RuntimeError, MemoryError) as error:
         raise CLIError(f"cannot load {path}: {one_line(error)}") from None
 
@@ -201,11 +199,15 @@ def _drafter(spec: str, target, quiet: bool):
     return Chain(lookup, ngram), "prompt lookup, then a token n-gram of the stdlib source"
 
 
-def load_llama_models(target_spec: str, draft_spec: str, quiet: bool, n_ctx: int) -> Models:
+def load_llama_models(
+    target_spec: str, draft_spec: str, quiet: bool, n_ctx: int, threads: int | None = None
+) -> Models:
     """A GGUF target and its draft: another GGUF file, or a token n-gram.
 
     A draft GGUF may be the target's own file: a second copy with its own
-    cache, which shows the acceptance a well-matched draft reaches.
+    cache, which shows the acceptance a well-matched draft reaches.  ``threads``
+    is each model's ``n_threads`` and ``n_threads_batch`` (None: every usable core;
+    a draft model and its target run one after the other, never at once).
     """
     try:
         import llama_cpp  # noqa: F401 - only probing that it is installed
@@ -217,7 +219,7 @@ def load_llama_models(target_spec: str, draft_spec: str, quiet: bool, n_ctx: int
 
     start = time.perf_counter()
     path = _gguf_path(models, target_spec, "--model")
-    target = _load_gguf(models, path, n_ctx)
+    target = _load_gguf(models, path, n_ctx, threads)
     info = {"path": str(path), "vocab_size": target.vocab_size}
     if draft_spec in DRAFTERS:
         draft, draft_description = _drafter(draft_spec, target, quiet)
@@ -226,7 +228,7 @@ def load_llama_models(target_spec: str, draft_spec: str, quiet: bool, n_ctx: int
         info.update(draft_info)
     else:
         draft_path = _gguf_path(models, draft_spec, "--draft-model")
-        draft = _load_gguf(models, draft_path, n_ctx)
+        draft = _load_gguf(models, draft_path, n_ctx, threads)
         if draft.vocab_size != target.vocab_size:
             raise CLIError(
                 f"the draft {draft_path.name} has {draft.vocab_size} tokens, the target "

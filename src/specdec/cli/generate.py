@@ -25,6 +25,7 @@ from specdec.cli.options import (
     UsageError,
     add_model_options,
     add_sampling_options,
+    add_threads_option,
 )
 from specdec.cli.output import one_line, print_json, printable, stderr_line
 from specdec.drafters import Drafter, PromptLookup, SuffixDrafter
@@ -47,11 +48,15 @@ def configure(parser) -> None:
     add_sampling_options(
         parser, (demo.DEFAULT_GAMMA, demo.DEFAULT_DRAFTER_GAMMA), seed_help="random seed"
     )
+    add_threads_option(parser)
     parser.add_argument(
         "--backend", choices=("cython", "python"), help=f"kernels (default: {specdec.BACKEND})"
     )
     parser.add_argument(
-        "--compare", action="store_true", help="also run plain sampling and print the speedup"
+        "--compare",
+        action="store_true",
+        help="also run plain sampling on the same model, at the same thread settings, and "
+        "print the speedup",
     )
     parser.add_argument(
         "--json", action="store_true", help="print a JSON report (and not the text as it comes)"
@@ -109,7 +114,7 @@ class _Loaded:
     description: str
 
 
-def _load_transformers(path: str, option: str = "--model"):
+def _load_transformers(path: str, option: str = "--model", threads: int | None = None):
     if not (Path(path) / "config.json").is_file():  # else a page about tokenizer formats
         raise CLIError(f"{option} {path}: no config.json there, so no Hugging Face model")
     torch_hint = f"{option} {path} needs transformers and torch; install them with: "
@@ -122,7 +127,7 @@ def _load_transformers(path: str, option: str = "--model"):
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
-        return TransformersModel(model, tokenizer=tokenizer)
+        return TransformersModel(model, tokenizer=tokenizer, n_threads=threads)
     except (OSError, ValueError, ImportError) as error:
         raise CLIError(f"cannot load {path}: {one_line(error)}") from None
 
@@ -140,16 +145,18 @@ def _load(args) -> _Loaded:
     elif kind == "gguf":
         context = _gguf_context(args)
         draft_spec = "lookup" if named and args.draft != "ngram" else args.draft
-        models = demo_models.load_llama_models(args.model, draft_spec, False, context)
+        models = demo_models.load_llama_models(
+            args.model, draft_spec, False, context, args.threads
+        )
         target, eos, detokenize = models.target, models.eos_token_id, models.target.detokenize
         draft = models.draft if args.draft == "ngram" or not named else None
         encode = lambda text: target.tokenize(text, add_bos=True)  # noqa: E731
         description = models.description
     else:
-        target = _load_transformers(args.model)
+        target = _load_transformers(args.model, threads=args.threads)
         eos, detokenize = target.eos_token_id, target.detokenize
         encode = target.tokenize
-        draft = None if named else _load_transformers(args.draft, "--draft")
+        draft = None if named else _load_transformers(args.draft, "--draft", args.threads)
         description = f"{args.model} (transformers)"
     if args.draft == "lookup":
         draft = PromptLookup()
@@ -219,6 +226,15 @@ def _run_once(args, loaded, prompt, stops, controls, show):
         tokens = decoder.stream(loaded.draft, loaded.target, prompt, args.max_tokens, eos)
     new, stats = runs.text_of(tokens, loaded.detokenize, stops, _write if show else None)
     return new, stats, time.perf_counter() - start
+
+
+def _thread_settings(target) -> dict:
+    """The threads the target runs on, read back from it (empty for the n-gram models)."""
+    llama = getattr(target, "llama", None)
+    if llama is not None:
+        return {"n_threads": llama.n_threads, "n_threads_batch": llama.n_threads_batch}
+    torch = getattr(target, "_torch", None)
+    return {} if torch is None else {"torch_threads": torch.get_num_threads()}
 
 
 def _rate(stats, seconds: float) -> float:
@@ -301,8 +317,10 @@ def run_generate(args) -> int:
             plain_loaded = _Loaded(**{**vars(loaded), "draft": None})
             plain = _run_once(args, plain_loaded, prompt, stops, controls, False)
             speedup = _rate(stats, seconds) / max(_rate(plain[1], plain[2]), 1e-9)
+            settings = ", ".join(f"{k}={v}" for k, v in _thread_settings(loaded.target).items())
             stderr_line(
-                f"plain sampling: {_summary(plain[1], plain[2])}; speculative decoding made "
+                f"plain sampling (the same model{', ' + settings if settings else ''}): "
+                f"{_summary(plain[1], plain[2])}; speculative decoding made "
                 f"{speedup:.2f}x as many tokens per second"
             )
     except (ValueError, ImportError) as error:
@@ -319,7 +337,8 @@ def run_generate(args) -> int:
                 "gamma": _gamma(args, loaded),  # the effective value, also when not given
                 "seed": args.seed,
             }
-            | controls,
+            | controls
+            | _thread_settings(loaded.target),
             "prompt_tokens": len(prompt),
             "text": loaded.detokenize(new),
             "ids": [int(t) for t in new],

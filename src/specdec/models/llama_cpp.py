@@ -18,6 +18,7 @@ from specdec.models._cached import PrefixCachedModel
 from specdec.models._llama_batch import TokenBatch
 from specdec.models._optional import import_optional
 from specdec.models._text import encode_chat_ids, end_of_turn_id, render_chat_template
+from specdec.models._threads import check_threads, usable_cores
 
 __all__ = ["BatchVarianceWarning", "LlamaCppModel", "smollm2_path"]
 
@@ -67,6 +68,12 @@ class LlamaCppModel(PrefixCachedModel):
     **llama_kwargs
         Extra keyword arguments for ``llama_cpp.Llama`` (for example
         ``n_ctx=1024, n_threads=2, seed=0``). Only allowed with a path.
+        ``n_threads`` defaults to every usable core (the affinity mask), not
+        llama-cpp-python's half of them, and ``n_threads_batch`` to
+        ``n_threads``: plain decoding's fastest setting on a quiet machine.
+        When other busy work shares the cores, give both the number of cores
+        actually free: llama.cpp's threads wait for each other at every layer,
+        and one thread without a core stalls them all.
 
     Attributes
     ----------
@@ -97,8 +104,11 @@ class LlamaCppModel(PrefixCachedModel):
         If ``llama-cpp-python`` is not installed.
     ValueError
         If an existing ``Llama`` was created without ``logits_all=True``, if
-        keyword arguments are given together with an existing ``Llama``, or if
-        ``cost_curve`` is not a valid curve.
+        keyword arguments are given together with an existing ``Llama``, if
+        ``cost_curve`` is not a valid curve, or if ``n_threads`` or
+        ``n_threads_batch`` is outside [1, 4096].
+    TypeError
+        If ``n_threads`` or ``n_threads_batch`` is not an int.
 
     Warns
     -----
@@ -157,7 +167,7 @@ class LlamaCppModel(PrefixCachedModel):
     Examples
     --------
     >>> from specdec.models import LlamaCppModel, smollm2_path
-    >>> model = LlamaCppModel(smollm2_path(), n_ctx=1024, n_threads=2)  # doctest: +SKIP
+    >>> model = LlamaCppModel(smollm2_path(), n_ctx=1024)  # doctest: +SKIP
     >>> prompt = model.tokenize("The capital of France is")  # doctest: +SKIP
     """
 
@@ -185,6 +195,13 @@ class LlamaCppModel(PrefixCachedModel):
             if llama_kwargs.get("logits_all", True) is not True:
                 raise ValueError("LlamaCppModel needs logits_all=True")
             llama_kwargs["logits_all"] = True
+            # Every usable core for one-token passes and batches alike: plain decoding's
+            # fastest setting on a quiet machine (llama-cpp-python's own default gives a
+            # token half the cores); batches follow n_threads when only that is given.
+            threads = check_threads(llama_kwargs.get("n_threads"), "n_threads")
+            batch = check_threads(llama_kwargs.get("n_threads_batch"), "n_threads_batch")
+            llama_kwargs["n_threads"] = threads or usable_cores()
+            llama_kwargs["n_threads_batch"] = batch or llama_kwargs["n_threads"]
             # llama.cpp prints pages of loading information by default.
             llama_kwargs.setdefault("verbose", False)
             llama = llama_cpp.Llama(model_path=str(llama_or_model_path), **llama_kwargs)

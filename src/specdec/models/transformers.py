@@ -9,6 +9,7 @@ import numpy as np
 
 from specdec.models._cached import PrefixCachedModel, common_prefix_length
 from specdec.models._optional import import_optional
+from specdec.models._threads import check_threads
 from specdec.models._text import check_messages, encode_chat_ids, end_of_turn_id
 from specdec.models._tree_scoring import tree_arguments
 
@@ -47,6 +48,11 @@ class TransformersModel(PrefixCachedModel):
         The same for a tree of drafts scored in one pass (:meth:`forward_tree`):
         element ``i`` is a pass over the last token and ``i`` nodes; given, it
         replaces the calibration of :attr:`tree_cost_curve`.
+    n_threads : int, optional
+        Sets torch's intra-op threads (``torch.set_num_threads``, which holds for
+        the whole process, every model in it included).  Unset, torch's own default
+        stays (one thread per core).  On a machine where other busy work shares
+        the cores, give the number of cores actually free.
 
     Attributes
     ----------
@@ -74,7 +80,10 @@ class TransformersModel(PrefixCachedModel):
     ImportError
         If ``torch`` or ``transformers`` is not installed.
     ValueError
-        If ``cost_curve`` is not a valid curve.
+        If ``cost_curve`` is not a valid curve, or ``n_threads`` is outside
+        [1, 4096].
+    TypeError
+        If ``n_threads`` is not an int.
 
     Notes
     -----
@@ -101,10 +110,14 @@ class TransformersModel(PrefixCachedModel):
         tokenizer: Any = None,
         cost_curve: Any = None,
         tree_cost_curve: Any = None,
+        n_threads: int | None = None,
     ) -> None:
+        n_threads = check_threads(n_threads, "n_threads")
         super().__init__(cost_curve, tree_cost_curve)
         torch = import_optional("torch", "TransformersModel", "transformers")
         self._torch = torch
+        if n_threads is not None:
+            torch.set_num_threads(n_threads)
         self._DynamicCache = import_optional(
             "transformers", "TransformersModel", "transformers"
         ).DynamicCache
