@@ -117,7 +117,6 @@ from e2e_report import markdown  # noqa: E402
 
 import specdec  # noqa: E402
 from specdec import models  # noqa: E402
-from specdec.models._threads import usable_cores  # noqa: E402
 from specdec.drafters import (  # noqa: E402
     Chain,
     HeuristicDraftLength,
@@ -125,7 +124,7 @@ from specdec.drafters import (  # noqa: E402
     PromptLookup,
     SuffixDrafter,
 )
-from specdec.models import LlamaCppTreeModel  # noqa: E402
+from specdec.models import LlamaCppTreeModel, usable_cores  # noqa: E402
 
 #: The chat template's end-of-turn token, SmolLM2's EOS (``<|im_end|>``).
 EOS = 2
@@ -836,9 +835,10 @@ def threads_note(bench: Bench, config: Config) -> str:
     if bench.hf_model is not None:
         import torch
 
+        other = config.other_plain_threads()
         notes.append(
             f"torch threads={torch.get_num_threads()}"
-            + "".join(f"; plain loops @{n}: torch threads={n}" for n in config.other_plain_threads())
+            + "".join(f"; plain loops @{n}: torch threads={n}" for n in other)
         )
     return "; ".join(notes)
 

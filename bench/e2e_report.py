@@ -293,9 +293,7 @@ def markdown(records: list, config, meta: dict) -> str:
         if meta.get("adapter_curves"):
             lines.append("")
     # per-prompt ratios and draft-length histograms
-    lines.append(
-        "#### Per prompt: ratio to the fastest plain loop (median tokens/s over repeats)"
-    )
+    lines.append("#### Per prompt: ratio to the fastest plain loop (median tokens/s over repeats)")
     lines.append("")
     for backend in backends:
         for temperature in config.temperatures:

@@ -10,9 +10,9 @@ import pytest
 from conftest import require_module, require_smollm2
 
 from specdec import cli, models
+from specdec._cores import check_threads, usable_cores
 from specdec.batch.models import ModelSpec
 from specdec.cli import batch as batch_cli
-from specdec.models._threads import check_threads, usable_cores
 
 # -- the default ------------------------------------------------------------------------------
 

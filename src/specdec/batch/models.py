@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from specdec.models._threads import check_threads
+from specdec._cores import check_threads
 
 __all__ = ["BatchModels", "ModelSpec", "ToyModels", "plain_chat_format"]
 

@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 import specdec
+from specdec._cores import usable_cores
 from specdec.batch.job import run_batch
 from specdec.batch.models import ModelSpec
 from specdec.batch.requests import DuplicateCustomId
 from specdec.batch.runner import DEFAULT_DRAFTER_GAMMA, DEFAULT_GAMMA, BatchOptions
-from specdec.models._threads import usable_cores
 from specdec.cli.options import (
     DRAFTS,
     CLIError,

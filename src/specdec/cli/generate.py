@@ -145,9 +145,7 @@ def _load(args) -> _Loaded:
     elif kind == "gguf":
         context = _gguf_context(args)
         draft_spec = "lookup" if named and args.draft != "ngram" else args.draft
-        models = demo_models.load_llama_models(
-            args.model, draft_spec, False, context, args.threads
-        )
+        models = demo_models.load_llama_models(args.model, draft_spec, False, context, args.threads)
         target, eos, detokenize = models.target, models.eos_token_id, models.target.detokenize
         draft = models.draft if args.draft == "ngram" or not named else None
         encode = lambda text: target.tokenize(text, add_bos=True)  # noqa: E731

