@@ -2,7 +2,8 @@ r"""``specdec batch`` throughput: 1 worker, 2 workers and Ray against ``specdec.
 
 A file of held-out requests (``bench/prompts.py``'s evaluation sets, half input-grounded,
 half open-ended, cycled to ``--requests`` chat requests) served greedily by SmolLM2-135M
-(llama.cpp, one thread per model) through:
+(llama.cpp; one process decodes on every usable core, each of two workers or Ray actors
+on its share, as ``specdec batch`` gives them) through:
 
 * ``loop-plain``: ``specdec.sample`` in a Python loop (the baseline);
 * ``loop-lookup``: ``SpeculativeDecoder`` with ``PromptLookup`` in a loop, with what
@@ -49,6 +50,7 @@ import prompts
 
 import specdec
 from specdec.batch import BatchOptions, ModelSpec, parse_lines
+from specdec.batch.job import share_cores
 from specdec.batch.output import ResultFile
 from specdec.batch.runner import RequestRunner
 from specdec.batch.workers import serve_in_processes, start_workers
@@ -140,9 +142,11 @@ def main(argv=None) -> int:
                "batch1-plain": RequestRunner(plain_models, options)}  # fmt: skip
     loops = {"loop-plain": Loop(plain_models, False), "loop-lookup": Loop(models, True)}
     pool = None
+    worker_spec = share_cores(spec, 2, False)  # as `specdec batch --workers 2` gives them
+    ray_spec = share_cores(spec, 1, True)
     if "batch2" in systems:
-        pool = start_workers(spec, options, 2)
-        list(serve_in_processes(requests[:2], spec, options, 2, pool=pool))  # warm both
+        pool = start_workers(worker_spec, options, 2)
+        list(serve_in_processes(requests[:2], worker_spec, options, 2, pool=pool))  # warm both
     ray = None
     if any(s.startswith("ray") for s in systems):
         import ray
@@ -171,11 +175,12 @@ def main(argv=None) -> int:
             elif system in runners:
                 done = _write_all((runners[system].run(r) for r in chunk), directory, name)
             elif system == "batch2":
-                served = serve_in_processes(chunk, spec, options, 2, pool=pool)
+                served = serve_in_processes(chunk, worker_spec, options, 2, pool=pool)
                 done = _write_all(served, directory, name)
             else:
                 actors = int(system[-1])
-                done = _write_all(serve_on_ray(chunk, spec, options, actors), directory, name)
+                served = serve_on_ray(chunk, ray_spec, options, actors)
+                done = _write_all(served, directory, name)
             end = time.perf_counter()
             tokens = sum(n for _, n, _ in done)
             if system.startswith("ray"):  # from the first record: actors' startup excluded

@@ -2,7 +2,6 @@
 usable core by default (plain decoding's fastest setting on a quiet machine), a given
 count is what the model gets, and a bad one is refused before anything loads."""
 
-import argparse
 import json
 import os
 
@@ -11,6 +10,7 @@ from conftest import require_module, require_smollm2
 
 from specdec import cli, models
 from specdec._cores import check_threads, usable_cores
+from specdec.batch.job import share_cores
 from specdec.batch.models import ModelSpec
 from specdec.cli import batch as batch_cli
 
@@ -159,12 +159,36 @@ def test_generate_compare_runs_plain_decoding_at_the_same_threads(capsys, smollm
         (None, 2, False, max(1, usable_cores() // 2)),  # workers share the cores
         (None, 10_000, False, 1),  # never fewer than one
         (None, 2, True, 1),  # a Ray actor reserves one CPU
-        (3, 2, True, 3),  # --threads wins
+        (3, 2, True, 3),  # a given count wins
+        (3, 2, False, 3),
     ],
 )
 def test_batch_workers_share_the_cores(threads, workers, ray, expected):
-    args = argparse.Namespace(threads=threads, workers=workers, ray=ray)
-    assert batch_cli._threads(args) == expected
+    spec = ModelSpec("ngram", threads=threads)
+    assert share_cores(spec, workers, ray).threads == expected
+    assert spec.threads == threads  # a new spec, the caller's unchanged
+
+
+def test_batch_other_factories_are_left_alone():
+    def factory():
+        raise AssertionError("not called")
+
+    assert share_cores(factory, 2, False) is factory
+
+
+def test_batch_cli_passes_threads_to_the_spec(monkeypatch, tmp_path):
+    seen = []
+
+    def fake_run_batch(source, output, factory, options, **kwargs):
+        seen.append((factory, kwargs["workers"]))
+        raise OSError("stop here")
+
+    monkeypatch.setattr(batch_cli, "run_batch", fake_run_batch)
+    (tmp_path / "in.jsonl").write_text("")
+    argv = ["batch", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl")]
+    assert cli.main([*argv, "--model", "ngram", "--workers", "2"]) == 1
+    assert cli.main([*argv, "--model", "ngram", "--threads", "3"]) == 1
+    assert [(f.threads, w) for f, w in seen] == [(None, 2), (3, 1)]
 
 
 def test_batch_model_spec_refuses_bad_threads():

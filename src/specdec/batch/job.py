@@ -9,15 +9,17 @@ records.  Both take a model *factory* (a picklable callable returning
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from specdec._cores import usable_cores
+from specdec.batch.models import ModelSpec
 from specdec.batch.output import ResultFile, record_key
 from specdec.batch.records import error_record
 from specdec.batch.requests import BadLine, BatchRequest, parse_lines
 from specdec.batch.runner import BatchOptions, RequestRunner
 
-__all__ = ["BatchSummary", "run_batch", "run_requests", "serve"]
+__all__ = ["BatchSummary", "run_batch", "run_requests", "serve", "share_cores"]
 
 
 @dataclass
@@ -54,6 +56,23 @@ def _check_run(workers, ray) -> None:
         raise TypeError(f"ray must be a bool or a cluster address, got {ray!r}")
 
 
+def share_cores(factory: Callable, workers: int, ray) -> Callable:
+    """``factory`` with its models' threads set so that the workers share the cores.
+
+    A :class:`~specdec.batch.models.ModelSpec` without ``threads`` gets ``cores //
+    workers`` (at least 1) for local worker processes, and 1 on Ray (an actor
+    reserves one CPU of its node); one process keeps every usable core.  A given
+    ``threads``, and any other factory, is returned unchanged.
+    """
+    if not isinstance(factory, ModelSpec) or factory.threads is not None:
+        return factory
+    if ray is not False:
+        return replace(factory, threads=1)
+    if workers > 1:
+        return replace(factory, threads=max(1, usable_cores() // workers))
+    return factory
+
+
 def serve(
     requests: list[BatchRequest],
     factory: Callable,
@@ -69,7 +88,8 @@ def serve(
     requests : list of BatchRequest
     factory : callable
         Returns :class:`~specdec.batch.models.BatchModels`; picklable for processes
-        and Ray.
+        and Ray.  A :class:`~specdec.batch.models.ModelSpec` without ``threads``
+        gets a share of the cores per worker (:func:`share_cores`).
     options : BatchOptions
     workers : int, default 1
         Processes (1: this one), or Ray actors.
@@ -81,6 +101,7 @@ def serve(
     dict
     """
     _check_run(workers, ray)
+    factory = share_cores(factory, workers, ray)
     if ray is not False:
         from specdec.batch.ray_stage import serve_on_ray
 

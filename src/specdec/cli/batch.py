@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import specdec
-from specdec._cores import usable_cores
 from specdec.batch.job import run_batch
 from specdec.batch.models import ModelSpec
 from specdec.batch.requests import DuplicateCustomId
@@ -105,22 +104,6 @@ def _kind(spec: str) -> str:
     return "gguf" if spec == "smollm2" or spec.endswith(".gguf") else "hf"
 
 
-def _threads(args) -> int | None:
-    """Each worker's model threads: the workers share the cores instead of fighting over them.
-
-    ``--threads`` wins.  Otherwise one process gets every usable core (None: the
-    adapters' default), ``--workers N`` processes ``cores // N`` each (at least 1), and
-    a Ray actor one: it reserves one CPU of its node (``num_cpus=1``).
-    """
-    if args.threads is not None:
-        return args.threads
-    if args.ray is not False:
-        return 1
-    if args.workers == 1:
-        return None
-    return max(1, usable_cores() // args.workers)
-
-
 def _validate(args) -> None:
     kind = _kind(args.model)
     draft_is_model = args.draft not in DRAFTS
@@ -185,7 +168,7 @@ def run_batch_command(args) -> int:
         stateful=args.stateful,
         backend=args.backend,
     )
-    factory = ModelSpec(args.model, args.draft, args.context, _threads(args))
+    factory = ModelSpec(args.model, args.draft, args.context, args.threads)
     if args.ray is not False:
         from specdec.batch.ray_stage import import_ray
 
