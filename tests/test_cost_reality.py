@@ -210,3 +210,17 @@ def test_curve_check_keeps_an_agreeing_curve_and_scales_a_wrong_one():
     assert check.curve(given) is given
     for bad in (float("nan"), float("inf"), -1.0, 0.0):
         check.record(1, bad)  # ignored
+
+
+def test_only_a_curve_that_forbids_drafting_is_probed():
+    """Probes cost a pass each on text where drafts are not kept: only a curve on which
+    no draft could pay (which would otherwise never be timed) gets them."""
+    permits = CostCurve([1.0, 1.6, 2.1, 2.6])  # llama.cpp on all cores, roughly
+    forbids = CostCurve([1.0, 2.0, 3.0, 4.0])  # a draft always kept just breaks even
+    probes = {}
+    for name, base in (("permits", permits), ("forbids", forbids)):
+        base.checkable = True
+        check = CurveCheck()
+        check.curve(base)
+        probes[name] = sum(check.probe() for _ in range(4 * CurveCheck.PROBE_EVERY))
+    assert probes == {"permits": 0, "forbids": 4}
