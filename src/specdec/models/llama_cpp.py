@@ -68,12 +68,9 @@ class LlamaCppModel(PrefixCachedModel):
     **llama_kwargs
         Extra keyword arguments for ``llama_cpp.Llama`` (for example
         ``n_ctx=1024, n_threads=2, seed=0``). Only allowed with a path.
-        ``n_threads`` defaults to every usable core (the affinity mask), not
-        llama-cpp-python's half of them, and ``n_threads_batch`` to
-        ``n_threads``: plain decoding's fastest setting on a quiet machine.
-        When other busy work shares the cores, give both the number of cores
-        actually free: llama.cpp's threads wait for each other at every layer,
-        and one thread without a core stalls them all.
+        ``n_threads`` defaults to every usable core (plain decoding's fastest
+        setting on a quiet machine) and ``n_threads_batch`` to ``n_threads``;
+        when other work shares the cores, give the number actually free.
 
     Attributes
     ----------
@@ -105,8 +102,7 @@ class LlamaCppModel(PrefixCachedModel):
     ValueError
         If an existing ``Llama`` was created without ``logits_all=True``, if
         keyword arguments are given together with an existing ``Llama``, if
-        ``cost_curve`` is not a valid curve, or if ``n_threads`` or
-        ``n_threads_batch`` is outside [1, 4096].
+        ``cost_curve`` is not a valid curve, or if a thread count is not in [1, 4096].
     TypeError
         If ``n_threads`` or ``n_threads_batch`` is not an int.
 
@@ -150,12 +146,9 @@ class LlamaCppModel(PrefixCachedModel):
     llama-cpp-python``) gives bit-identical logits alone and in batches, and
     then speculative greedy decoding equals plain greedy decoding with the
     default ``min_eval_tokens=1``.  The adapter checks which build it has at
-    its first use (eight positions evaluated one at a time, the first four in
-    one batch and all eight in another, then the cache rolled back: measured 14
-    to 19 one-token passes with one batch thread, 0.1-0.6 s for SmolLM2-135M
-    here, more when batches on all cores stall on a loaded machine) and says so in
-    :attr:`batch_invariant`, with a :class:`BatchVarianceWarning` when it is
-    False.
+    its first use (eight positions alone, then in batches of four and eight:
+    0.1-0.6 s for SmolLM2-135M here) and says so in :attr:`batch_invariant`,
+    with a :class:`BatchVarianceWarning` when it is False.
 
     Only the logit rows asked for are computed (a prompt's other rows would
     cost a fifth of its evaluation), and the adapter keeps the rows of its last
@@ -195,9 +188,8 @@ class LlamaCppModel(PrefixCachedModel):
             if llama_kwargs.get("logits_all", True) is not True:
                 raise ValueError("LlamaCppModel needs logits_all=True")
             llama_kwargs["logits_all"] = True
-            # Every usable core for one-token passes and batches alike: plain decoding's
-            # fastest setting on a quiet machine (llama-cpp-python's own default gives a
-            # token half the cores); batches follow n_threads when only that is given.
+            # Every usable core for tokens and batches (llama-cpp-python gives a token
+            # half of them): plain decoding's fastest setting on a quiet machine.
             threads = check_threads(llama_kwargs.get("n_threads"), "n_threads")
             batch = check_threads(llama_kwargs.get("n_threads_batch"), "n_threads_batch")
             llama_kwargs["n_threads"] = threads or usable_cores()
