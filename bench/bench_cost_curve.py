@@ -21,7 +21,6 @@ import time
 import numpy as np
 
 from specdec import models
-from specdec.models import _calibration
 
 
 def _load() -> str:
@@ -50,16 +49,14 @@ def main(argv=None) -> int:
     for _ in range(args.repeats):
         for t, adapter in adapters.items():
             adapter.forward(np.array([prompt]), logits_to_keep=1)  # a real context
-            _calibration._MEASURED.clear()
-            adapter._cost_curve = None
             started = time.perf_counter()
-            curves[t].append(adapter.cost_curve)
+            curves[t].append(adapter.recalibrate())
             seconds[t].append(time.perf_counter() - started)
             begin = time.perf_counter()
             for token in (11, 12, 13, 14, 15):
                 adapter.forward(np.array([prompt + [token]]), logits_to_keep=1)
             one_ms[t].append((time.perf_counter() - begin) / 5 * 1e3)
-    sizes = range(1, _calibration.MAX_TOKENS + 1)
+    sizes = range(1, len(curves[settings[0]][0]) + 1)
     print(f"Load average before / after: {load_before} / {_load()}; {os.cpu_count()} cores; ")
     print(
         f"SmolLM2-135M Q4_1, llama-cpp-python, n_threads=1; median of {args.repeats} "

@@ -168,6 +168,19 @@ def test_measured_curve_is_shared_per_model_and_setting(tiny_lm, monkeypatch):
     assert models.TransformersModel(tiny_lm)._calibration_key() is None
 
 
+def test_recalibrate_measures_again_for_the_process(tiny_lm, monkeypatch):
+    monkeypatch.setattr(_calibration, "_MEASURED", {})
+    monkeypatch.setattr(tiny_lm.config, "name_or_path", "tiny-test-model")
+    adapter = models.TransformersModel(tiny_lm)
+    first = adapter.cost_curve
+    again = adapter.recalibrate()
+    assert again is not first and adapter.cost_curve is again
+    assert models.TransformersModel(tiny_lm).cost_curve is again  # the process's curve now
+    given = models.TransformersModel(tiny_lm, cost_curve=CURVE)
+    with pytest.raises(ValueError, match="given at creation"):
+        given.recalibrate()
+
+
 # --- llama.cpp -----------------------------------------------------------------------------------
 
 

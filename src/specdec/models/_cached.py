@@ -139,6 +139,30 @@ class PrefixCachedModel(abc.ABC):
             self._cost_curve = _calibration.measure_cost_curve(self, self._max_length())
         return self._cost_curve
 
+    def recalibrate(self) -> np.ndarray:
+        """Measure :attr:`cost_curve` again now, and keep the new curve for the process.
+
+        The curve kept for this model and thread setting (by any adapter of the
+        process) is forgotten, with its tree curve, and measured again through this
+        adapter; other adapters of the same model and setting measure anew at their
+        next first access.  For benchmarks, and after the machine's load changed.
+
+        Returns
+        -------
+        numpy.ndarray
+            The new curve.
+
+        Raises
+        ------
+        ValueError
+            If the curve was given at creation (``cost_curve=...``).
+        """
+        if self._cost_curve_given:
+            raise ValueError("this model's cost_curve was given at creation: nothing to measure")
+        _calibration.forget(self)
+        self._cost_curve = self._tree_cost_curve = None
+        return self.cost_curve
+
     @property
     def tree_cost_curve(self) -> np.ndarray | None:
         """Time of a tree pass over ``i + 1`` tokens relative to one token; None without trees.

@@ -194,6 +194,14 @@ def measure_tree_cost_curve(model: Any, max_length: int | None, chain: np.ndarra
     )
 
 
+def forget(model: Any) -> None:
+    """Drop the curves kept for ``model``'s calibration key (chain and tree), if any."""
+    key = model._calibration_key()
+    if key is not None:
+        _MEASURED.pop(key, None)
+        _MEASURED_TREES.pop(key, None)
+
+
 def _kept(store: dict, model: Any, measure) -> np.ndarray:
     """``store``'s curve for ``model``'s calibration key, measured (and kept) if absent."""
     key = model._calibration_key()
