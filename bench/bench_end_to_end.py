@@ -113,7 +113,8 @@ if str(HERE) not in sys.path:  # prompts.py lives beside this file
     sys.path.insert(0, str(HERE))
 
 import prompts as prompt_sets  # noqa: E402
-from e2e_report import markdown  # noqa: E402
+from e2e_report import PLAIN_KINDS, markdown  # noqa: E402
+from simd_levels import cpu_name  # noqa: E402
 
 import specdec  # noqa: E402
 from specdec import models  # noqa: E402
@@ -167,9 +168,6 @@ TRANSFORMERS_DEFAULT = ("sample", "lookup", "lookup-tree", "hf", "hf-lookup")
 TREE_KINDS = ("lookup-tree",)
 #: Kinds run only greedily by default: they exist to measure greedy identity.
 GREEDY_ONLY = ("sample-min2", "lookup-min2")
-#: Plain loops (no drafting), specdec's and the peers': also run at each of
-#: ``Config.plain_threads`` as ``kind@N``, and the fastest of them is the baseline.
-PLAIN_KINDS = ("sample", "lcpp", "hf")
 
 
 def split_kind(kind: str) -> tuple[str, int | None]:
@@ -806,17 +804,6 @@ def _load() -> str:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "?"
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux), else the platform's processor string."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def threads_note(bench: Bench, config: Config) -> str:

@@ -15,7 +15,8 @@ from specdec.drafters.cost import DEFAULT_COST_CURVE
 
 __all__ = ["KIND_LABELS", "cells", "fastest_plain", "identity", "label", "markdown", "summary"]
 
-#: Plain loops (no drafting); each may also run at other thread counts as ``kind@N``.
+#: Plain loops (no drafting): also run at each of ``Config.plain_threads`` as ``kind@N``,
+#: and the fastest of them is every ratio's baseline.
 PLAIN_KINDS = ("sample", "lcpp", "hf")
 
 KIND_LABELS = {
@@ -96,7 +97,7 @@ def summary(records: list) -> dict:
     """
     grouped = cells(records)
     out: dict = {}
-    fastest_of = {(b, t): fastest_plain(grouped, b, t) for b, t, _, _, _ in grouped}
+    fastest_of = {(b, t): fastest_plain(grouped, b, t) for b, t in {k[:2] for k in grouped}}
     for (backend, temperature, set_name, kind, prompt), runs in grouped.items():
         key = (backend, temperature, set_name, kind)
         entry = out.setdefault(key, {"prompts": {}, "runs": []})

@@ -147,9 +147,9 @@ def _gguf_path(models, spec: str, option: str) -> Path:
 
 
 def _load_gguf(models, path: Path, n_ctx: int, threads: int | None = None):
-    # threads None: the adapter's default, every usable core for tokens and batches.
+    # threads None: the adapter's default, every usable core; batches follow n_threads.
     try:
-        return models.LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads)
+        return models.LlamaCppModel(path, n_ctx=n_ctx, n_threads=threads)
     except (ValueError, OSError, RuntimeError, MemoryError) as error:
         raise CLIError(f"cannot load {path}: {one_line(error)}") from None
 
