@@ -14,9 +14,9 @@ from conftest import require_module, require_smollm2
 
 import specdec
 from specdec import SpeculativeDecoder
+from specdec._detokenize import IncrementalDetokenizer
 from specdec.drafters import PromptLookup
 from specdec.models._text import (
-    IncrementalDetokenizer,
     check_messages,
     end_of_turn_id,
     render_chat_template,

@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from specdec._detokenize import IncrementalDetokenizer, check_detokenize, check_stop_ids
 from specdec._stats import SpeculativeDecodingStats
 
 __all__ = ["TextStream", "TokenStream", "chat", "check_streamer", "consume"]
@@ -247,8 +248,6 @@ class TextStream:
     """
 
     def __init__(self, tokens: TokenStream, detokenize, stop_ids=()):
-        from specdec.models._text import IncrementalDetokenizer, check_detokenize, check_stop_ids
-
         if not isinstance(tokens, TokenStream):
             raise TypeError(
                 "tokens must be a specdec.TokenStream (SpeculativeDecoder.stream, "
