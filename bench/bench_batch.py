@@ -98,7 +98,7 @@ class Loop:
             models.target.reset()
             if self.draft:
                 policy = PositionalDraftLength(target_cost=CostCurve(DEFAULT_COST_CURVE))
-                decoder = specdec.SpeculativeDecoder(10, temperature=0.0, draft_length=policy)
+                decoder = specdec.SpeculativeDecoder(temperature=0.0, draft_length=policy)
                 out, _ = decoder.generate(PromptLookup(), models.target, ids,
                                           request.max_tokens, eos)  # fmt: skip
             else:

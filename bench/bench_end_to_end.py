@@ -113,18 +113,13 @@ if str(HERE) not in sys.path:  # prompts.py lives beside this file
     sys.path.insert(0, str(HERE))
 
 import prompts as prompt_sets  # noqa: E402
+from draft_baselines import HeuristicDraftLength  # noqa: E402
 from e2e_report import PLAIN_KINDS, markdown  # noqa: E402
 from simd_levels import cpu_name  # noqa: E402
 
 import specdec  # noqa: E402
 from specdec import models  # noqa: E402
-from specdec.drafters import (  # noqa: E402
-    Chain,
-    HeuristicDraftLength,
-    NGram,
-    PromptLookup,
-    SuffixDrafter,
-)
+from specdec.drafters import Chain, NGram, PromptLookup, SuffixDrafter  # noqa: E402
 from specdec.models import LlamaCppTreeModel, usable_cores  # noqa: E402
 
 #: The chat template's end-of-turn token, SmolLM2's EOS (``<|im_end|>``).

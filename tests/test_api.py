@@ -183,10 +183,23 @@ def test_signature_is_the_references(reference, method):
     ref_positional, ref_keyword_only = _split(theirs)
     assert not ref_keyword_only
     assert [p.name for p in positional] == [p.name for p in ref_positional]
-    assert [p.default for p in positional] == [p.default for p in ref_positional]
+    # gamma=None is the draft sources' own limit: the reference's 4 for a draft model
+    # (test_gamma_default_is_the_references_for_a_draft_model), a drafter's num_tokens
+    ours_defaults = [None if p.name == "gamma" else p.default for p in positional]
+    theirs = [None if p.name == "gamma" else p.default for p in ref_positional]
+    assert ours_defaults == theirs
     assert [p.kind for p in positional] == [p.kind for p in ref_positional]
     # options the reference lacks are keyword-only, with defaults (drop-in calls work)
     assert all(p.default is not inspect.Parameter.empty for p in keyword_only)
+
+
+def test_gamma_default_is_the_references_for_a_draft_model(reference, backend):
+    draft, target = ContextModel(6, seed=1), ContextModel(6, seed=2)
+    assert reference.SpeculativeDecoder().gamma == 4
+    decoder = SpeculativeDecoder(draft_length="fixed", backend=backend)
+    assert decoder.max_draft_tokens(draft) == 4
+    _, stats = decoder.generate(draft, target, [1, 2], 20, rng=0)
+    assert len(stats.accepted_length_histogram) == 5  # 0..4 kept, as the reference's
 
 
 def test_signature_options():

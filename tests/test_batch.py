@@ -198,7 +198,7 @@ def test_a_bad_line_is_its_own_400_record_and_the_others_go_on(tmp_path, case):
 def test_the_cli_exit_status_says_some_failed(tmp_path, capsys):
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_jsonl(source, [GOOD, BAD_LINES["unknown url"][0]])
-    argv = ["batch", str(source), "-o", str(output), "--model", "ngram", "--max-tokens", "8"]
+    argv = ["batch", str(source), "-o", str(output), "--model", "toy", "--max-new-tokens", "8"]
     assert cli.main(argv) == 3
     err = capsys.readouterr().err
     # stderr is not a terminal here: no progress bar, only the summary line
@@ -215,7 +215,7 @@ def test_the_cli_exit_status_says_some_failed(tmp_path, capsys):
 def test_a_duplicate_custom_id_is_refused_before_any_work(tmp_path, capsys):
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_jsonl(source, [GOOD, {**GOOD, "custom_id": "other"}, "", GOOD])
-    code = cli.main(["batch", str(source), "-o", str(output), "--model", "ngram"])
+    code = cli.main(["batch", str(source), "-o", str(output), "--model", "toy"])
     assert code == 2
     assert "custom_id 'ok' is on line 1 and on line 4" in capsys.readouterr().err
     assert not output.exists()
@@ -319,7 +319,7 @@ def test_options_are_checked_before_any_work(tmp_path, capsys):
     for argv, message in [
         (["--workers", "0"], "--workers: expected an integer in [1, 1024]"),
         (["--temperature", "-1"], "--temperature: expected a number >= 0"),
-        (["--model", "ngram", "--draft", "x.gguf"], "--draft FILE.gguf or HF-DIR needs"),
+        (["--model", "toy", "--draft", "x.gguf"], "--draft FILE.gguf or HF-DIR needs"),
     ]:
         assert cli.main(["batch", str(source), "-o", output, *argv]) == 2
         assert message in capsys.readouterr().err

@@ -88,7 +88,7 @@ def test_the_cli_runs_on_ray_and_resumes(ray_cluster, tmp_path, capsys):
     requests = mixed_requests(6)
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_requests(source, requests[:4])
-    argv = ["batch", str(source), "-o", str(output), "--model", "ngram", "--max-tokens", "16"]
+    argv = ["batch", str(source), "-o", str(output), "--model", "toy", "--max-new-tokens", "16"]
     assert cli.main([*argv, "--ray", "--workers", str(ACTORS)]) == 0
     write_requests(source, requests)
     assert cli.main([*argv, "--ray"]) == 0  # the two new requests only

@@ -2,7 +2,7 @@
 
 * ``cost_curve``: given curves are validated and used as they are; a measured one
   has the documented shape, is kept per process and setting, and leaves the cache
-  consistent; ``speculation_cost`` follows it without ever starting a calibration.
+  consistent.
 * ``LlamaCppModel.batch_invariant``: checked once at the first use, the cache left
   as it was, a ``BatchVarianceWarning`` when the build is not batch-invariant
   (simulated by perturbing batched rows), none with ``min_eval_tokens=2``.
@@ -81,36 +81,24 @@ def test_given_cost_curve_is_used_without_calibration(tiny_lm, no_calibration):
     np.testing.assert_array_equal(curve, CURVE)
     with pytest.raises(ValueError):
         curve[1] = 5.0  # read-only
-    overhead, per_token = adapter.speculation_cost
-    # The line through (1, 0.5), ..., (5, 2.0): slope 0.37, intercept about 0.13.
-    assert per_token == pytest.approx(0.37, abs=0.01)
-    assert overhead == pytest.approx(0.13, abs=0.02)
+    assert not adapter.cost_curve_measured
 
 
 @pytest.mark.parametrize(
-    ("bad", "message"),
+    ("bad", "error", "message"),
     [
-        ([], "at least 2"),
-        ([1.0], "at least 2"),  # one point says nothing about a pass over two tokens
-        ([[1.0, 2.0]], "1-D"),
-        ([2.0, 3.0], r"cost_curve\[0\] must be 1.0"),
-        ([1.0, float("nan")], "finite"),
-        ([1.0, -1.0], "> 0"),
-        ("fast", "numbers"),
+        ([], ValueError, "at least 2"),
+        ([1.0], ValueError, "at least 2"),  # one point says nothing about a pass over two
+        ([[1.0, 2.0]], ValueError, "1-D"),
+        ([2.0, 3.0], ValueError, r"cost_curve\[0\] must be 1.0"),
+        ([1.0, float("nan")], ValueError, "finite"),
+        ([1.0, -1.0], ValueError, "> 0"),
+        ("fast", TypeError, "cost_curve must be a cost curve: a 1-D sequence"),
     ],
 )
-def test_bad_cost_curve_is_a_clear_error(tiny_lm, bad, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_cost_curve_is_a_clear_error(tiny_lm, bad, error, message):
+    with pytest.raises(error, match=message):
         models.TransformersModel(tiny_lm, cost_curve=bad)
-
-
-def test_speculation_cost_never_calibrates(tiny_lm, no_calibration):
-    adapter = models.TransformersModel(tiny_lm)
-    assert adapter.speculation_cost == models.TransformersModel.default_speculation_cost
-    adapter.speculation_cost = (0.2, 0.1)
-    assert adapter.speculation_cost == (0.2, 0.1)
-    adapter.speculation_cost = None  # back to the default
-    assert adapter.speculation_cost == models.TransformersModel.default_speculation_cost
 
 
 # --- cost curve: measured ----------------------------------------------------------------
@@ -139,8 +127,6 @@ def test_measured_curve_leaves_the_cache_consistent(tiny_lm):
     np.testing.assert_allclose(
         adapter.forward(np.array([PROMPT]), logits_to_keep=1), before, atol=1e-5
     )
-    # With a curve, speculation_cost is fitted to it.
-    assert adapter.speculation_cost == _calibration.fit_speculation_cost(adapter.cost_curve)
 
 
 def test_measured_curve_from_an_empty_cache_leaves_it_empty(tiny_lm):
@@ -159,8 +145,8 @@ def test_measured_curve_is_shared_per_model_and_setting(tiny_lm, monkeypatch):
         _calibration, "measure_cost_curve", lambda *a: calls.append(a) or original(*a)
     )
     second = models.TransformersModel(tiny_lm)
-    # The process's curve is known before any access: speculation_cost is fitted to it.
-    assert second.speculation_cost == _calibration.fit_speculation_cost(first)
+    # The process's curve is known before any access: reading it runs nothing.
+    assert not second._cost_curve_pending()
     assert second.cost_curve is first
     assert len(calls) == 1  # the lookup found the stored curve, no timing ran
     # A model without a name is never confused with another one.
@@ -213,9 +199,6 @@ def test_llama_batch_invariance_checked_once_cache_consistent(smollm2):
         else:
             warnings.simplefilter("ignore", models.BatchVarianceWarning)
             first = adapter.forward(np.array([prompt]), logits_to_keep=2)
-    assert isinstance(adapter.batch_invariant, bool)
-    if REQUIRE_MODELS:
-        assert adapter.batch_invariant is True
     # Checked at the first call, before its evaluation: the counters and the cache
     # show only the user's call.
     assert adapter.n_evaluated_tokens == len(prompt) and adapter.n_forward_calls == 1
@@ -224,6 +207,21 @@ def test_llama_batch_invariance_checked_once_cache_consistent(smollm2):
     fresh._batch_invariant = True  # no second check
     fresh.reset()
     np.testing.assert_array_equal(fresh.forward(np.array([prompt]), logits_to_keep=2), first)
+    # The check's answer is the build's: the same comparison made independently, through
+    # forward on an adapter that skips the check (a batch of the last 4 positions
+    # against the same positions evaluated one call each).
+    assert len(prompt) > 4
+    probe = models.LlamaCppModel(adapter.llama)
+    probe._batch_invariant = True  # no check of its own
+    probe.reset()
+    batched = probe.forward(np.array([prompt]), logits_to_keep=4)[0]
+    probe.reset()
+    probe.forward(np.array([prompt[:-4]]), logits_to_keep=1)
+    alone = [probe.forward(np.array([prompt[: k + 1]]), logits_to_keep=1)[0, 0] for k in
+             range(len(prompt) - 4, len(prompt))]  # fmt: skip
+    assert adapter.batch_invariant is bool(np.array_equal(batched, np.array(alone)))
+    if REQUIRE_MODELS:
+        assert adapter.batch_invariant is True
 
 
 def _perturb_batches(adapter, monkeypatch):

@@ -22,7 +22,7 @@ from specdec.toymodels import byte_corpus, byte_kn, tables
 pytestmark = pytest.mark.install
 
 # Small runs: the whole file should take seconds, not minutes.
-DEMO = ["demo", "--max-tokens", "24", "--target-latency-ms", "0.2", "--no-progress"]
+DEMO = ["demo", "--max-new-tokens", "24", "--target-latency-ms", "0.2", "--no-progress"]
 BENCH = [
     "bench",
     "--vocab",
@@ -32,7 +32,7 @@ BENCH = [
     "2",
     "--acceptance",
     "0.6",
-    "--max-tokens",
+    "--max-new-tokens",
     "12",
     "--repeats",
     "1",
@@ -97,7 +97,7 @@ def test_demo_json_schema(capsys, backend):
     assert report["specdec_version"] == specdec.__version__
     assert report["settings"] == {
         "gamma": 3,
-        "max_tokens": 24,
+        "max_new_tokens": 24,
         "seed": 7,
         "temperature": 0.8,
         "top_k": 50,
@@ -106,7 +106,7 @@ def test_demo_json_schema(capsys, backend):
         "target_latency_ms": 0.2,
         "draft_latency_ms": 0.0,
     }
-    assert report["model"]["name"] == "ngram" and report["model"]["vocab_size"] == 256
+    assert report["model"]["name"] == "toy" and report["model"]["vocab_size"] == 256
     assert report["prompt"] == demo.DEFAULT_PROMPT
     assert report["prompt_tokens"] == len(byte_corpus.encode(demo.DEFAULT_PROMPT))
     spec, ar = report["speculative"], report["autoregressive"]
@@ -183,14 +183,14 @@ def test_demo_says_what_exactness_means_above_temperature_0(capsys):
 def test_demo_stops_both_runs_at_any_stop_id(capsys, monkeypatch):
     import dataclasses
 
-    argv = [*DEMO, "--temperature", "0", "--max-tokens", "40", "--prompt", REPEAT]
+    argv = [*DEMO, "--temperature", "0", "--max-new-tokens", "40", "--prompt", REPEAT]
     greedy = byte_corpus.encode(run_json(argv, capsys)["autoregressive"]["text"])
     k = next(i for i in range(8, len(greedy)) if greedy[i] not in greedy[:i])
     assert 0 not in greedy  # byte 0 never comes: the first stop id stays unseen
-    load = demo_models.load_ngram_models
+    load = demo_models.load_toy_models
     monkeypatch.setattr(
         demo_models,
-        "load_ngram_models",
+        "load_toy_models",
         lambda quiet: dataclasses.replace(load(quiet), stop_token_ids=[0, greedy[k]]),
     )
     report = run_json(argv, capsys)
@@ -221,7 +221,7 @@ def test_demo_as_a_module_subprocess(model_cache):
         SPECDEC_CACHE_DIR=str(model_cache),
     )
     result = subprocess.run(
-        [sys.executable, "-m", "specdec", "demo", "--max-tokens", "20", "--json"],
+        [sys.executable, "-m", "specdec", "demo", "--max-new-tokens", "20", "--json"],
         capture_output=True,
         text=True,
         env=env,
@@ -240,7 +240,7 @@ def test_demo_empty_prompt_is_a_one_line_error(capsys):
 
 
 @pytest.mark.parametrize(
-    "argv", [["--model", "smollm2"], ["--model", "some/model.gguf", "--draft-model", "ngram"]]
+    "argv", [["--model", "smollm2"], ["--model", "some/model.gguf", "--draft-model", "ngram-model"]]
 )
 def test_llama_models_without_llama_cpp_print_the_install_hint(capsys, monkeypatch, argv):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # makes `import llama_cpp` fail
@@ -270,7 +270,7 @@ def test_ctrl_c_exits_130_without_traceback(capsys, monkeypatch):
         ["frobnicate"],
         ["demo", "--gamma", "0"],
         ["demo", "--gamma", "four"],
-        ["demo", "--max-tokens", "-5"],
+        ["demo", "--max-new-tokens", "-5"],
         ["demo", "--temperature", "-1"],
         ["demo", "--temperature", "nan"],
         ["demo", "--top-p", "1.5"],
@@ -288,13 +288,13 @@ def test_ctrl_c_exits_130_without_traceback(capsys, monkeypatch):
         ["demo", "--target-latency-ms", "1e300"],
         ["demo", "--draft-latency-ms", "1e300"],
         ["demo", "--gamma", str(2**64)],
-        ["demo", "--max-tokens", str(10**20)],
+        ["demo", "--max-new-tokens", str(10**20)],
         ["demo", "--seed", str(2**32)],
-        ["demo", "--model", "x.gguf", "--max-tokens", str(MAX_TOKENS)],  # context too large
+        ["demo", "--model", "x.gguf", "--max-new-tokens", str(MAX_TOKENS)],  # context too large
         ["bench", "--gamma", str(2**64)],
         ["bench", "--vocab", "1"],
         ["bench", "--vocab", str(10**11)],
-        ["bench", "--max-tokens", str(10**20)],
+        ["bench", "--max-new-tokens", str(10**20)],
         ["bench", "--seed", str(2**32)],  # the reference seeds NumPy's 32-bit legacy generator
         ["bench", "--repeats", str(10**9)],
     ],
@@ -314,7 +314,7 @@ def test_prompt_that_cannot_be_encoded_exits_2(capsys):
 
 def test_bench_tables_that_do_not_fit_in_memory_exit_2(capsys):
     code, out, err = run(
-        ["bench", "--vocab", str(MAX_VOCAB), "--max-tokens", str(MAX_TOKENS)], capsys
+        ["bench", "--vocab", str(MAX_VOCAB), "--max-new-tokens", str(MAX_TOKENS)], capsys
     )
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "needs about" in err and "GB" in err
@@ -597,7 +597,7 @@ def test_demo_says_why_it_was_faster_or_not(capsys):
 
 # -- generate ------------------------------------------------------------------------
 
-GENERATE = ["generate", "--model", "ngram", "--max-tokens", "40"]
+GENERATE = ["generate", "--model", "toy", "--max-new-tokens", "40"]
 REPEAT = "import os\nimport sys\nimport os\nimport sys\n"
 
 
@@ -607,7 +607,7 @@ def test_generate_streams_text_then_one_summary_line(capsys, backend):
     report = run_json([*GENERATE, "--backend", backend, "--prompt", REPEAT], capsys)
     assert out == report["text"] + "\n"  # stdout holds the text only
     lines = err.splitlines()
-    assert lines[0] == "loading ngram..." and lines[1].startswith("warming up")
+    assert lines[0] == "loading toy..." and lines[1].startswith("warming up")
     summary = lines[-1]
     assert "40 tokens in" in summary and "tokens/s" in summary
     assert "tokens per target pass" in summary and "drafts kept" in summary
@@ -625,7 +625,7 @@ def test_generate_is_streamed_pass_by_pass(capsys, monkeypatch):
 
 def test_generate_json_and_compare(capsys, backend):
     report = run_json([*GENERATE, "--backend", backend, "--prompt", REPEAT, "--compare"], capsys)
-    assert report["model"] == "ngram" and report["draft"] == "lookup" and not report["chat"]
+    assert report["model"] == "toy" and report["draft"] == "lookup" and not report["chat"]
     assert len(report["ids"]) == 40 == report["stats"]["total_tokens_generated"]
     assert report["text"] == byte_corpus.decode(report["ids"])
     assert report["plain"]["num_target_forward_passes"] == 40
@@ -634,8 +634,9 @@ def test_generate_json_and_compare(capsys, backend):
 
 
 def test_generate_reports_the_effective_gamma(capsys):
+    # the library's default: the drafter's own num_tokens
     assert run_json([*GENERATE, "--prompt", REPEAT], capsys)["settings"]["gamma"] == (
-        demo.DEFAULT_DRAFTER_GAMMA
+        specdec.drafters.PromptLookup().num_tokens
     )
     report = run_json([*GENERATE, "--prompt", REPEAT, "--gamma", "3"], capsys)
     assert report["settings"]["gamma"] == 3
@@ -670,12 +671,12 @@ def test_generate_stops_at_any_stop_id_on_every_path(capsys, monkeypatch, argv):
         assert report["stats"]["total_tokens_generated"] == k + 1
 
 
-@pytest.mark.parametrize("draft", ["lookup", "ngram", "none"])
+@pytest.mark.parametrize("draft", ["lookup", "ngram-model", "none"])
 def test_generate_greedy_text_is_the_same_whatever_drafts(capsys, draft):
     plain = run_json([*GENERATE, "--prompt", REPEAT, "--draft", "none"], capsys)
     report = run_json([*GENERATE, "--prompt", REPEAT, "--draft", draft], capsys)
     assert report["ids"] == plain["ids"]
-    if draft == "ngram":
+    if draft == "ngram-model":
         assert report["stats"]["num_draft_forward_passes"] > 0
 
 
@@ -758,7 +759,7 @@ def test_generate_measures_the_cost_curve_before_the_timed_runs(
 
 
 def test_demo_measures_the_cost_curve_before_the_timed_runs(capsys, monkeypatch, slow_calibration):
-    load, timed = demo_models.load_ngram_models, demo._timed
+    load, timed = demo_models.load_toy_models, demo._timed
     targets = []
 
     def loaded_uncalibrated(quiet):
@@ -771,7 +772,7 @@ def test_demo_measures_the_cost_curve_before_the_timed_runs(capsys, monkeypatch,
         targets[-1].curve_known_at_runs.append(targets[-1]._cost_curve is not None)
         return timed(*args)
 
-    monkeypatch.setattr(demo_models, "load_ngram_models", loaded_uncalibrated)
+    monkeypatch.setattr(demo_models, "load_toy_models", loaded_uncalibrated)
     monkeypatch.setattr(demo, "_timed", timed_run)
     code, out, err = run([*DEMO, "--prompt", REPEAT], capsys)
     assert code == 0, err
@@ -811,10 +812,10 @@ def test_generate_and_demo_warm_the_draft_model_up_before_the_timed_run(capsys, 
 
     monkeypatch.setattr(generate, "_load", counted_draft)
     monkeypatch.setattr(generate, "_run_once", generate_run)
-    run_json([*GENERATE, "--prompt", REPEAT, "--draft", "ngram"], capsys)
+    run_json([*GENERATE, "--prompt", REPEAT, "--draft", "ngram-model"], capsys)
     assert calls_at_run[0] > 0  # paged in before the clock started
 
-    load_models = demo_models.load_ngram_models
+    load_models = demo_models.load_toy_models
 
     def counted_models(quiet):
         loaded = load_models(quiet)
@@ -826,7 +827,7 @@ def test_generate_and_demo_warm_the_draft_model_up_before_the_timed_run(capsys, 
         calls_at_run.append(drafts[-1].calls)
         return timed(*args)
 
-    monkeypatch.setattr(demo_models, "load_ngram_models", counted_models)
+    monkeypatch.setattr(demo_models, "load_toy_models", counted_models)
     monkeypatch.setattr(demo, "_timed", demo_run)
     run_json([*DEMO, "--prompt", REPEAT], capsys)
     assert calls_at_run[1] > 0
@@ -849,18 +850,18 @@ def test_generate_suffix_draft(capsys):
     "argv",
     [
         ["generate", "--model", "gpt-5"],
-        ["generate", "--model", "ngram", "--chat", "--prompt", "x"],
-        ["generate", "--model", "ngram", "--draft", "x.gguf", "--prompt", "x"],
+        ["generate", "--model", "toy", "--chat", "--prompt", "x"],
+        ["generate", "--model", "toy", "--draft", "x.gguf", "--prompt", "x"],
         ["generate", "--model", "a.gguf", "--draft", "ngram2", "--prompt", "x"],
-        ["generate", "--model", "ngram", "--max-tokens", "0", "--prompt", "x"],
-        ["generate", "--model", "ngram", "--temperature", "-1", "--prompt", "x"],
-        ["generate", "--model", "ngram", "--top-p", "0", "--prompt", "x"],
-        ["generate", "--model", "ngram", "--gamma", "0", "--prompt", "x"],
-        ["generate", "--model", "ngram", "--seed", "-1", "--prompt", "x"],
-        ["generate", "--model", "ngram", "--prompt", ""],
-        ["generate", "--model", ".", "--draft", "ngram", "--prompt", "x"],  # HF-DIR: no ngram
-        ["generate", "--model", "ngram", "--prompt", "def f(\udc80):"],
-        ["generate", "--model", "a.gguf", "--max-tokens", str(MAX_TOKENS), "--prompt", "x"],
+        ["generate", "--model", "toy", "--max-new-tokens", "0", "--prompt", "x"],
+        ["generate", "--model", "toy", "--temperature", "-1", "--prompt", "x"],
+        ["generate", "--model", "toy", "--top-p", "0", "--prompt", "x"],
+        ["generate", "--model", "toy", "--gamma", "0", "--prompt", "x"],
+        ["generate", "--model", "toy", "--seed", "-1", "--prompt", "x"],
+        ["generate", "--model", "toy", "--prompt", ""],
+        ["generate", "--model", ".", "--draft", "ngram-model", "--prompt", "x"],  # HF-DIR: none
+        ["generate", "--model", "toy", "--prompt", "def f(\udc80):"],
+        ["generate", "--model", "a.gguf", "--max-new-tokens", str(MAX_TOKENS), "--prompt", "x"],
     ],
 )
 def test_generate_bad_options_exit_2_with_one_line(capsys, argv):
@@ -883,11 +884,11 @@ def test_generate_stdin_that_is_not_utf8_exits_2_with_one_line(capsys, monkeypat
 @pytest.mark.parametrize(
     "argv",
     [
-        [*GENERATE, "--max-tokens", "300", "--prompt", REPEAT],
-        [*GENERATE, "--max-tokens", "300", "--prompt", REPEAT, "--json"],
+        [*GENERATE, "--max-new-tokens", "300", "--prompt", REPEAT],
+        [*GENERATE, "--max-new-tokens", "300", "--prompt", REPEAT, "--json"],
         # a report smaller than any pipe buffer: it meets the closed pipe only when
         # flushed, which must happen before exit, not in the interpreter's shutdown
-        [*GENERATE, "--max-tokens", "5", "--prompt", "a", "--json"],
+        [*GENERATE, "--max-new-tokens", "5", "--prompt", "a", "--json"],
         [*DEMO, "--prompt", REPEAT],
     ],
     ids=["generate", "generate --json", "short --json", "demo"],
@@ -983,7 +984,16 @@ def fixed_cost_curve(monkeypatch):
 
 
 def test_generate_smollm2_chat(capsys, backend, smollm2_installed, fixed_cost_curve):
-    argv = ["generate", "--model", "smollm2", "--chat", "--max-tokens", "30", "--backend", backend]
+    argv = [
+        "generate",
+        "--model",
+        "smollm2",
+        "--chat",
+        "--max-new-tokens",
+        "30",
+        "--backend",
+        backend,
+    ]
     task = "Repeat this sentence exactly: the cat sat on the mat."
     report = run_json([*argv, "--prompt", task, "--compare"], capsys)
     assert report["chat"] and report["text"] and "<|im_end|>" not in report["text"]
@@ -1033,7 +1043,7 @@ def test_generate_hugging_face_directory(capsys, backend, tmp_path):
     )
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    argv = ["generate", "--model", str(tmp_path), "--max-tokens", "12", "--backend", backend]
+    argv = ["generate", "--model", str(tmp_path), "--max-new-tokens", "12", "--backend", backend]
     plain = run_json([*argv, "--prompt", "abc abc abc", "--draft", "none"], capsys)
     report = run_json([*argv, "--prompt", "abc abc abc"], capsys)
     assert report["ids"] == plain["ids"] and len(report["ids"]) <= 12
@@ -1057,14 +1067,16 @@ def test_generate_hugging_face_directory(capsys, backend, tmp_path):
 def test_demo_smollm2_default_task_is_one_where_drafting_pays(
     capsys, smollm2_installed, fixed_cost_curve
 ):
-    report = run_json(["demo", "--model", "smollm2", "--max-tokens", "60", "--no-progress"], capsys)
+    report = run_json(
+        ["demo", "--model", "smollm2", "--max-new-tokens", "60", "--no-progress"], capsys
+    )
     assert report["prompt"] == demo.DEFAULT_TASK and report["settings"]["temperature"] == 0.0
     spec = report["speculative"]
     # With the cost curve fixed, greedy decoding drafts the same way on every run: the
     # quote is copied from the prompt, several tokens a pass.
     assert spec["tokens_per_step"] > 1.5 and spec["total_draft_tokens_accepted"] > 0
     assert report["exactness"]["identical"]
-    code, out, err = run(["demo", "--model", "smollm2", "--max-tokens", "30"], capsys)
+    code, out, err = run(["demo", "--model", "smollm2", "--max-new-tokens", "30"], capsys)
     assert code == 0, err
     assert "streamed as it is made ---\n" + demo.DEFAULT_TASK in out
     assert out.count("why faster:") + out.count("why not") == 1

@@ -24,10 +24,9 @@ from law_models import ContextModel, enumerate_joint_law, new_tokens, pooled_chi
 import specdec
 from specdec._backend import kernels_for
 from specdec.drafters import (
-    AdaptiveDraftLength,
     Chain,
     Drafter,
-    HeuristicDraftLength,
+    FixedDraftLength,
     PositionalDraftLength,
     SuffixDrafter,
 )
@@ -137,13 +136,12 @@ def test_chain_of_drafter_and_model_keeps_the_law(backend, verification):
 @pytest.mark.parametrize(
     "make_policy",
     [
-        lambda: AdaptiveDraftLength(prior_acceptance=0.9, target_cost=(0.1, 0.05)),
-        lambda: AdaptiveDraftLength(min_tokens=1, p_min=0.3),
-        lambda: HeuristicDraftLength(initial=1),
+        lambda: PositionalDraftLength(prior_acceptance=0.9, target_cost=(1.0, 1.1)),
+        lambda: FixedDraftLength(),
         lambda: PositionalDraftLength(target_cost=[1.0, 1.1, 1.2, 1.3]),
         lambda: PositionalDraftLength(min_tokens=1, p_min=0.3),
     ],
-    ids=["adaptive", "adaptive-pmin", "heuristic", "positional", "positional-pmin"],
+    ids=["confident", "fixed", "positional", "positional-pmin"],
 )
 def test_draft_length_policies_keep_the_law(backend, make_policy):
     """A policy decides from earlier steps only, so any policy keeps the law; with a
@@ -201,7 +199,7 @@ class Recorder:
         return self.model.forward(ids)
 
 
-class RecordingPolicy(AdaptiveDraftLength):
+class RecordingPolicy(PositionalDraftLength):
     def __init__(self, events):
         super().__init__()
         self.events = events

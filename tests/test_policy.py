@@ -13,7 +13,6 @@ from law_models import ContextModel
 
 import specdec
 from specdec.drafters import (
-    AdaptiveDraftLength,
     CostCurve,
     Drafter,
     FixedDraftLength,
@@ -28,12 +27,12 @@ PROMPT = [1, 3]
 # --- the cost curve --------------------------------------------------------------------
 
 
-def test_cost_curve_reads_extends_and_converts_pairs():
+def test_cost_curve_reads_and_extends():
     curve = CostCurve([1.0, 1.5, 1.75])
     assert [curve.tokens(t) for t in (1, 2, 3, 4, 6)] == [1.0, 1.5, 1.75, 2.0, 2.5]
     assert curve.drafts(0) == 1.0 and curve.drafts(2) == 1.75
-    pair = CostCurve.from_pair(0.57, 0.33)
-    assert pair.drafts(0) == 1.0 and pair.drafts(40) == 1.0 + 0.57 + 0.33 * 40
+    falling = CostCurve([1.0, 2.0, 1.5])  # extended flat, never downwards
+    assert falling.tokens(3) == falling.tokens(9) == 1.5
 
 
 class Target:
@@ -48,15 +47,14 @@ class Target:
         raise AttributeError(name)
 
 
-def test_model_curve_is_read_lazily_and_preferred_to_the_pair():
-    target = Target(cost_curve=np.array([1.0, 1.2]), speculation_cost=(0.9, 0.9))
+def test_model_curve_is_read_lazily():
+    target = Target(cost_curve=np.array([1.0, 1.2]))
     curve = CostCurve.of_model(target)
     assert target.reads == 0  # a calibration would run on first use only
     assert curve.drafts(1) == 1.2 and curve.drafts(3) == pytest.approx(1.6)
     assert target.reads == 1
     curve.drafts(5)
     assert target.reads == 1
-    assert CostCurve.of_model(Target(speculation_cost=(0.5, 0.25))).drafts(2) == 2.0
     assert CostCurve.of_model(object()).values == DEFAULT_COST_CURVE
 
 
@@ -78,34 +76,31 @@ def test_a_fixed_draft_length_never_reads_the_cost_curve(backend):
     assert Calibrated.reads == 1
 
 
-@pytest.mark.parametrize("policy", [AdaptiveDraftLength, PositionalDraftLength])
 @pytest.mark.parametrize(
     "value, error, match",
     [
-        (np.array([0.5, 0.3]), ValueError, "target_cost .*element 0 is 0.5"),
+        (np.array([0.5, 0.3]), ValueError, r"target_cost\[0\] must be 1.0 .*got 0.5"),
         (np.array([[1.0, 2.0]]), ValueError, "target_cost .*shape"),
         ([1.0, -2.0], ValueError, "target_cost"),
         ([1.0, float("nan")], ValueError, "target_cost"),
         ([], ValueError, "target_cost"),
-        ("fast", ValueError, "target_cost"),
-        ((0.5, -1.0), ValueError, "target_cost must be a pair"),
-        ((0.5, "x"), ValueError, "target_cost must be a pair"),
+        ("measured", TypeError, "target_cost"),  # timed online: removed in 0.3
+        ((0.5, -1.0), ValueError, "target_cost must be a cost curve"),  # a pair: removed
         (3.0, TypeError, "target_cost"),
         (["a", "b"], TypeError, "target_cost"),
     ],
 )
-def test_bad_target_cost_is_a_clear_error(policy, value, error, match):
+def test_bad_target_cost_is_a_clear_error(value, error, match):
     """Issue 16 item 8: an array never reaches a truth-value test."""
     with pytest.raises(error, match=match):
-        policy(target_cost=value)
+        PositionalDraftLength(target_cost=value)
 
 
-@pytest.mark.parametrize("policy", [AdaptiveDraftLength, PositionalDraftLength])
-def test_target_cost_forms(policy):
-    assert policy(target_cost=None).target_cost is None
-    assert policy(target_cost="measured").target_cost == "measured"
-    assert policy(target_cost=(0.5, 0.25)).target_cost.drafts(2) == 2.0
-    assert policy(target_cost=np.array([1.0, 1.1])).target_cost.drafts(1) == 1.1
+def test_target_cost_forms():
+    assert PositionalDraftLength(target_cost=None).target_cost is None
+    given = PositionalDraftLength(target_cost=(1.0, 1.1)).target_cost
+    assert given.drafts(1) == 1.1 and not given.checkable  # the user's: taken as is
+    assert PositionalDraftLength(target_cost=np.array([1.0, 1.1])).target_cost.drafts(1) == 1.1
 
 
 # --- PositionalDraftLength ---------------------------------------------------------------
@@ -287,7 +282,7 @@ def test_drafters_are_capped_by_their_own_num_tokens_unless_gamma_is_set(backend
     target = ContextModel(VOCAB, seed=5)
     draft = ContextModel(VOCAB, seed=6)
     default = specdec.SpeculativeDecoder(draft_length="fixed", backend=backend)
-    assert default.gamma == 4 and "gamma=4" in repr(default)
+    assert default.gamma is None and "gamma=None" in repr(default)  # the sources' own
     _, stats = default.generate(Hopeless(), target, PROMPT, 20, rng=0)
     assert len(stats.draft_length_histogram) == 9 and stats.draft_length_histogram[8] > 0
     _, stats = default.generate(PromptLookup(num_tokens=6), target, [1, 2] * 8, 20, rng=0)
@@ -297,7 +292,7 @@ def test_drafters_are_capped_by_their_own_num_tokens_unless_gamma_is_set(backend
     explicit = specdec.SpeculativeDecoder(4, draft_length="fixed", backend=backend)
     _, stats = explicit.generate(Hopeless(), target, PROMPT, 20, rng=0)
     assert len(stats.draft_length_histogram) == 5
-    default.gamma = 4  # setting it, even to 4, caps the drafters too
+    default.gamma = 4  # setting it caps the drafters too
     _, stats = default.generate(Hopeless(), target, PROMPT, 20, rng=0)
     assert len(stats.draft_length_histogram) == 5
 

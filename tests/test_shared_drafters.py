@@ -21,9 +21,8 @@ from law_models import ContextModel
 
 import specdec
 from specdec.drafters import (
-    AdaptiveDraftLength,
     Chain,
-    HeuristicDraftLength,
+    FixedDraftLength,
     NGram,
     PositionalDraftLength,
     PromptLookup,
@@ -79,15 +78,14 @@ def _run_threads(work):
 
 
 @pytest.mark.parametrize("name", sorted(DRAFTERS))
-@pytest.mark.parametrize("policy", ["auto", "positional", "adaptive", "heuristic"])
+@pytest.mark.parametrize("policy", ["auto", "positional", "fixed"])
 def test_one_drafter_and_decoder_serve_8_threads_exactly(backend, name, policy):
     target = ContextModel(6, seed=31, dtype=np.float32)
     drafter = DRAFTERS[name]()
     draft_length = {
         "auto": "auto",
         "positional": PositionalDraftLength(),
-        "adaptive": AdaptiveDraftLength(),
-        "heuristic": HeuristicDraftLength(),
+        "fixed": FixedDraftLength(),
     }[policy]
     decoder = specdec.SpeculativeDecoder(
         temperature=0.0, backend=backend, draft_length=draft_length

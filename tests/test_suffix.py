@@ -110,7 +110,7 @@ def test_most_frequent_continuation_wins_over_the_latest():
     assert drafter.last_probabilities == pytest.approx([2 / 3, 1 / 3])
 
 
-def test_draft_grows_with_the_match_and_stops_at_min_token_prob():
+def test_draft_grows_with_the_match_and_stops_at_min_probability():
     base = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
     tokens = np.array(base + [0] + base[:3])
     drafter = SuffixDrafter(max_spec_factor=1.0)
@@ -127,8 +127,8 @@ def test_draft_grows_with_the_match_and_stops_at_min_token_prob():
     assert SuffixDrafter(max_spec_factor=3.0).propose(tokens, 2).tolist() == [13, 14]
     # after "7": 8 once, 9 once: each continuation has probability 1/2, then 1/2 * 1 ...
     split = np.array([3, 7, 8, 5, 4, 7, 9, 5, 6, 7])
-    assert SuffixDrafter(1, min_token_prob=0.6).propose(split, 8).tolist() == []
-    assert SuffixDrafter(1, min_token_prob=0.5).propose(split, 8).tolist() == [9]  # the latest
+    assert SuffixDrafter(1, min_probability=0.6).propose(split, 8).tolist() == []
+    assert SuffixDrafter(1, min_probability=0.5).propose(split, 8).tolist() == [9]  # the latest
 
 
 def test_earlier_outputs_are_drafted_from_in_later_requests():
@@ -179,7 +179,7 @@ def test_propose_without_start_and_after_a_different_sequence():
         ({"max_depth": 10**6}, ValueError, "max_depth"),
         ({"max_spec_factor": -1.0}, ValueError, "max_spec_factor"),
         ({"max_spec_offset": float("nan")}, TypeError, "max_spec_offset"),
-        ({"min_token_prob": 1.5}, ValueError, "min_token_prob"),
+        ({"min_probability": 1.5}, ValueError, "min_probability"),
         ({"max_cached_requests": -1}, ValueError, "max_cached_requests"),
         ({"max_cached_tokens": 2.0}, TypeError, "max_cached_tokens"),
     ],

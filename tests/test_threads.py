@@ -140,7 +140,7 @@ def test_cli_bad_threads_exit_2_with_one_line(capsys, tmp_path, command, value):
 
 
 def test_generate_compare_runs_plain_decoding_at_the_same_threads(capsys, smollm2, backend):
-    argv = ["generate", "--prompt", "Say 1 2 3 1 2 3", "--chat", "--max-tokens", "8"]
+    argv = ["generate", "--prompt", "Say 1 2 3 1 2 3", "--chat", "--max-new-tokens", "8"]
     argv += ["--threads", "1", "--compare", "--json", "--backend", backend]
     code = cli.main(argv)
     out, err = capsys.readouterr()
@@ -165,7 +165,7 @@ def test_generate_compare_runs_plain_decoding_at_the_same_threads(capsys, smollm
     ],
 )
 def test_batch_workers_share_the_cores(threads, workers, ray, expected):
-    spec = ModelSpec("ngram", threads=threads)
+    spec = ModelSpec("toy", threads=threads)
     assert share_cores(spec, workers, ray).threads == expected
     assert spec.threads == threads  # a new spec, the caller's unchanged
 
@@ -187,12 +187,12 @@ def test_batch_cli_passes_threads_to_the_spec(monkeypatch, tmp_path):
     monkeypatch.setattr(batch_cli, "run_batch", fake_run_batch)
     (tmp_path / "in.jsonl").write_text("")
     argv = ["batch", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl")]
-    assert cli.main([*argv, "--model", "ngram", "--workers", "2"]) == 1
-    assert cli.main([*argv, "--model", "ngram", "--threads", "3"]) == 1
+    assert cli.main([*argv, "--model", "toy", "--workers", "2"]) == 1
+    assert cli.main([*argv, "--model", "toy", "--threads", "3"]) == 1
     assert [(f.threads, w) for f, w in seen] == [(None, 2), (3, 1)]
 
 
 def test_batch_model_spec_refuses_bad_threads():
-    assert ModelSpec("ngram", threads=2).threads == 2
+    assert ModelSpec("toy", threads=2).threads == 2
     with pytest.raises(ValueError, match="threads"):
-        ModelSpec("ngram", threads=0)
+        ModelSpec("toy", threads=0)

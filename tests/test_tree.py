@@ -581,7 +581,7 @@ def test_inputs_are_read_only_or_strided_and_never_written(backend):
 def _valid():
     rng = np.random.default_rng(0)
     return {
-        "token_ids": np.array([1, 2, 0]),
+        "draft_token_ids": np.array([1, 2, 0]),
         "parents": np.array([-1, -1, 0]),
         "target_logits": rng.standard_normal((4, 5)),
         "draft": rng.standard_normal((3, 5)),
@@ -595,9 +595,21 @@ BAD_CALLS = {
     "one parent too few": ({"parents": [-1, -1]}, ValueError, "one parent per node"),
     "float parents": ({"parents": [-1.0, -1.0, 0.0]}, TypeError, "parents must hold integer"),
     "2-D parents": ({"parents": [[-1, -1, 0]]}, ValueError, "parents must be 1-D"),
-    "token outside V": ({"token_ids": [1, 5, 0]}, ValueError, r"token_ids\[1\] is 5"),
-    "negative token": ({"token_ids": [-1, 2, 0]}, ValueError, r"token_ids\[0\] is -1"),
-    "float tokens": ({"token_ids": [1.0, 2.0, 0.0]}, TypeError, "token_ids must hold integer"),
+    "token outside V": (
+        {"draft_token_ids": [1, 5, 0]},
+        ValueError,
+        r"draft_token_ids\[1\] is 5",
+    ),
+    "negative token": (
+        {"draft_token_ids": [-1, 2, 0]},
+        ValueError,
+        r"draft_token_ids\[0\] is -1",
+    ),
+    "float tokens": (
+        {"draft_token_ids": [1.0, 2.0, 0.0]},
+        TypeError,
+        "draft_token_ids must hold integer",
+    ),
     "target rows for N": (
         {"target_logits": np.zeros((3, 5))},
         ValueError,
@@ -611,12 +623,12 @@ BAD_CALLS = {
     "draft rows for N": (
         {"draft": np.zeros((2, 5))},
         ValueError,
-        r"draft must have shape \(3, 5\)",
+        r"draft must have shape \(3, V\)",
     ),
     "draft vocabulary": (
         {"draft": np.zeros((3, 6))},
         ValueError,
-        r"draft must have shape \(3, 5\)",
+        "draft and target_logits disagree on the vocabulary",
     ),
     "draft kind": ({"draft_kind": "logprobs"}, ValueError, "draft_kind must be"),
     "temperature": ({"temperature": -1.0}, ValueError, "temperature"),
@@ -629,7 +641,7 @@ BAD_CALLS = {
     "token of draft probability 0": (
         {"draft": np.array([[0.0, -np.inf, 0, 0, 0], [0.0] * 5, [0.0] * 5])},
         ValueError,
-        r"^token_ids\[0\]: token 1 has probability 0",
+        r"^draft_token_ids\[0\]: token 1 has probability 0",
     ),
     "NaN target row": (
         {"target_logits": np.full((4, 5), np.nan)},

@@ -486,15 +486,15 @@ def test_observe_tree_learns_alternatives_and_the_shadow():
     policy = PositionalDraftLength(target_cost=[1.0, 1.01, 1.02, 1.03])
     policy.start(8)
     tree = DraftTree.from_candidates([[1, 2], [3]])  # nodes 0:1, 1:2, 2:3 (rank 1)
-    before = policy._alternative((0, 1), 1)
+    before = policy.trees.alternative(policy, (0, 1), 1)
     selected = np.array([True, False, True])
     # the root's first child rejected, the alternative kept: it is learnt up
     policy.observe_tree((0, 1), tree, selected, np.array([2]), 4, 0.0)
-    assert policy._alternative((0, 1), 1) > before
+    assert policy.trees.alternative(policy, (0, 1), 1) > before
     # both root children rejected: the alternative is learnt down
-    down = policy._alternative((0, 1), 1)
+    down = policy.trees.alternative(policy, (0, 1), 1)
     policy.observe_tree((0, 1), tree, selected, np.array([], dtype=np.int64), 4, 0.0)
-    assert policy._alternative((0, 1), 1) < down
+    assert policy.trees.alternative(policy, (0, 1), 1) < down
     # the first child kept, its unselected child (token 2) matches the next token: a
     # free observation at depth 2
     a2 = policy.acceptance((0, 1), 2)

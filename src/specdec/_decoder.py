@@ -33,17 +33,9 @@ from specdec.drafters.positional import PositionalDraftLength
 DRAFT_LENGTHS = ("auto", "fixed", "adaptive")
 
 
-class _DefaultGamma(int):
-    """The default ``gamma`` (4), told apart from a ``gamma=4`` the user set.
-
-    With drafters and no ``gamma`` set, a step drafts up to the drafters' own
-    ``num_tokens``; the reference's default of 4 still applies to draft models.
-    """
-
-    __slots__ = ()
-
-
-DEFAULT_GAMMA = _DefaultGamma(4)
+#: The most draft tokens per step of a draft model when ``gamma`` is not set (the
+#: reference loop's default).
+DEFAULT_GAMMA = 4
 
 
 #: Candidates per tree of drafts when the target scores trees but does not say how wide.
@@ -86,11 +78,11 @@ class SpeculativeDecoder:
 
     Parameters
     ----------
-    gamma : int, default 4
-        Draft tokens proposed per target pass (with an adaptive draft length: the most).
-        Unless it is set explicitly, a deterministic drafter is capped by its own
-        ``num_tokens`` instead (``PromptLookup(num_tokens=16)`` drafts up to 16); the
-        default 4 still caps a draft model.
+    gamma : int or None, default None
+        The most draft tokens per target pass (with a fixed draft length: every pass's).
+        None: the drafters' own ``num_tokens`` (``PromptLookup(num_tokens=16)`` drafts
+        up to 16), and 4, the reference loop's default, for a draft model (see
+        :meth:`max_draft_tokens`).
     temperature : float, default 1.0
         Sampling temperature of both models.  0 is exact greedy decoding: a draft is
         kept iff it is the target's argmax (ties to the lowest id) and no random
@@ -131,7 +123,7 @@ class SpeculativeDecoder:
 
     def __init__(
         self,
-        gamma: int = DEFAULT_GAMMA,
+        gamma: int | None = None,
         temperature: float = 1.0,
         *,
         seed=None,
@@ -172,21 +164,41 @@ class SpeculativeDecoder:
     # --- live, validated attributes -----------------------------------------------------
 
     @property
-    def gamma(self) -> int:
-        """Draft tokens per target pass (the most, with an adaptive draft length)."""
+    def gamma(self) -> int | None:
+        """The most draft tokens per target pass; None: the draft sources' own."""
         return self._gamma
 
     @gamma.setter
     def gamma(self, value) -> None:
-        self._gamma = DEFAULT_GAMMA if value is DEFAULT_GAMMA else check_gamma(value)
+        self._gamma = None if value is None else check_gamma(value)
 
-    def _drafter_gamma(self, chain: Chain) -> int:
-        """The most tokens per step for the drafters: ``gamma`` if set, else their own."""
-        if self._gamma is not DEFAULT_GAMMA or not chain.drafters:
+    def max_draft_tokens(self, draft_model) -> int:
+        """The most draft tokens per step that ``generate`` allows with ``draft_model``.
+
+        ``gamma`` when set; else the largest ``num_tokens`` of the drafters among the
+        draft sources (a custom drafter without one counts as 4), and 4 for a draft
+        model.
+
+        Parameters
+        ----------
+        draft_model : model, Drafter or Chain
+            As for :meth:`generate`.
+
+        Returns
+        -------
+        int
+        """
+        return self._max_tokens(Chain.of(draft_model))
+
+    def _max_tokens(self, chain: Chain) -> int:
+        if self._gamma is not None:
             return self._gamma
         own = [getattr(drafter, "num_tokens", None) for drafter in chain.drafters]
-        own = [n for n in own if type(n) is int and n >= 1]  # a custom drafter may not say
-        return check_gamma(max(own), "a drafter's num_tokens") if own else self._gamma
+        # a custom drafter may not say; a draft model gets the reference's default
+        own = [n if type(n) is int and n >= 1 else DEFAULT_GAMMA for n in own]
+        if chain.model is not None or not own:
+            own.append(DEFAULT_GAMMA)
+        return check_gamma(max(own), "a drafter's num_tokens")
 
     @property
     def verification(self) -> str:
@@ -415,8 +427,8 @@ class SpeculativeDecoder:
         eos = check_eos(eos_token_id)
         generator = make_rng(rng) if rng is not None or self._rng is None else self._rng
         check_declared_vocab(prompt, eos, draft, target)
-        model_max_tokens = self.gamma
-        max_tokens = max(self._drafter_gamma(chain), model_max_tokens if draft is not None else 0)
+        max_tokens = self._max_tokens(chain)
+        model_max_tokens = DEFAULT_GAMMA if self._gamma is None else self._gamma
         policy = self._policy(chain)
         plan = Plan(
             verifier=self._verifier,

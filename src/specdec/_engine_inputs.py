@@ -1,7 +1,7 @@
 """The engine's inputs, read and checked: every check that needs no row values.
 
 :func:`validate` turns the arguments of :func:`specdec.verify` / :func:`specdec.verify_batch`
-into a :class:`Step` (int64 ids, C-contiguous float rows viewed without a copy where
+into a :class:`VerifyInputs` (int64 ids, C-contiguous float rows viewed without a copy where
 NumPy can, one generator per sequence) or raises a ``ValueError``/``TypeError`` naming
 the argument, before any draw.  :mod:`specdec._tree` reads its inputs with the same
 helpers; :mod:`specdec._engine_run` runs a validated step.
@@ -154,7 +154,7 @@ def sequence_generators(rngs, batch: int, greedy: bool) -> list:
     return generators
 
 
-class Step(NamedTuple):
+class VerifyInputs(NamedTuple):
     """A validated call: what every sequence's task reads."""
 
     verifier: Verifier
@@ -181,7 +181,7 @@ def validate(
     rngs,
     backend,
     single: bool,
-) -> Step:
+) -> VerifyInputs:
     """Every check that needs no row values, in argument order; nothing is drawn.
 
     ``controls`` is the user's ``(temperature, top_k, top_p, min_p)``; ``single`` says
@@ -255,7 +255,7 @@ def validate(
         generators = [None if greedy and rngs is None else make_rng(rngs)]
     else:
         generators = sequence_generators(rngs, batch, greedy)
-    return Step(
+    return VerifyInputs(
         verifier=verifier,
         controls=controls,
         block=block,

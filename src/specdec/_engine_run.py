@@ -1,6 +1,6 @@
 """Running a validated engine step: one sequence's verification, and the thread pool.
 
-:func:`verify_one` verifies one sequence of a :class:`~specdec._engine_inputs.Step` on the
+:func:`verify_one` verifies one sequence of a :class:`~specdec._engine_inputs.VerifyInputs` on the
 calling thread, through the step's :class:`~specdec._verifier.Verifier` and that
 thread's workspace; :func:`run` spreads a batch over the module's pool.  Kernel errors
 become ``ValueError``s naming the sequence and row (:func:`row_namer`).
@@ -16,21 +16,21 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from specdec._common import LAW_DTYPE
-from specdec._engine_inputs import Step
+from specdec._engine_inputs import VerifyInputs
 from specdec._verifier import Draft, RowNamer
 
 
-def row_name(step: Step, name: str, b: int, i: int) -> str:
+def row_name(step: VerifyInputs, name: str, b: int, i: int) -> str:
     """How an error names row i of sequence b of argument ``name``."""
     return f"{name}[{i}]" if step.single else f"{name}[{b}, {i}] (sequence {b}, row {i})"
 
 
-def row_namer(step: Step, name: str, b: int) -> RowNamer:
+def row_namer(step: VerifyInputs, name: str, b: int) -> RowNamer:
     """The verifier's row namer for argument ``name`` of sequence b."""
     return lambda i, reason: f"{row_name(step, name, b, i)} holds {reason}"
 
 
-def draft_law(step: Step, b: int, n: int, ids: np.ndarray, parents=None) -> Draft:
+def draft_law(step: VerifyInputs, b: int, n: int, ids: np.ndarray, parents=None) -> Draft:
     """Sequence b's draft record of its n drafts ``ids``, their law read from ``step.draft``.
 
     One-hot (no law) when the step has no draft rows; the logits' law is computed by
@@ -89,7 +89,7 @@ def draft_law(step: Step, b: int, n: int, ids: np.ndarray, parents=None) -> Draf
     return Draft(ids, rows, laws, parents)
 
 
-def verify_one(step: Step, b: int) -> tuple[int, int]:
+def verify_one(step: VerifyInputs, b: int) -> tuple[int, int]:
     """Verify sequence b on this thread; ValueError naming the row if one is invalid."""
     n = int(step.lengths[b])
     verifier = step.verifier
@@ -127,7 +127,7 @@ def _submit(function, copies: int) -> list:
         return [_pool.submit(function) for _ in range(copies)]
 
 
-def run(step: Step, n_threads: int, out_accepted, out_next) -> None:
+def run(step: VerifyInputs, n_threads: int, out_accepted, out_next) -> None:
     """Verify every sequence (on up to ``n_threads`` threads, this one included).
 
     Sequences are claimed in increasing order from one counter, and every sequence is

@@ -23,6 +23,7 @@ import numpy as np
 
 from specdec._calling import ModelCaller
 from specdec._model_drafts import (
+    check_first_call,
     check_same_vocab,
     draft_from_model,
     nodes_per_depth,
@@ -86,7 +87,7 @@ def draft_length(policy: DraftLengthPolicy, key, offered: int) -> int:
     return int(answer)
 
 
-class _Step(NamedTuple):
+class Drafted(NamedTuple):
     """What one step drafted: the target pass verifies it, the policy observes it."""
 
     source: int  # the draft source (an index into the chain's names); -1: none
@@ -115,18 +116,23 @@ def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan,
         start = run.length
         max_tokens = min(plan.max_tokens, run.limit - start)
         run.reserve(start + max_tokens + 1)
-        step, work = _draft(run, start, max_tokens, chain, draft, target, plan, rng, work, eos)
+        step, work = _draft(
+            run, start, max_tokens, chain=chain, draft=draft, target=target, plan=plan,
+            rng=rng, work=work, eos=eos,
+        )  # fmt: skip
         if step.as_tree:
             name = names[step.source]
             new, n_kept, token, path, seconds, work = _tree_pass(
-                run, start, step, name, target, plan, rng, work, eos
-            )
+                run, start, step, name=name, draft=draft, target=target, plan=plan,
+                rng=rng, work=work, eos=eos,
+            )  # fmt: skip
             stats.record_step(name, int(np.count_nonzero(step.selected)), n_kept, new)
             policy.observe_tree(step.key, step.tree, step.selected, path, token, seconds)
         else:
             new, n_kept, token, seconds, work = _chain_pass(
-                run, start, step, names, draft, target, plan, rng, work, eos
-            )
+                run, start, step, names=names, draft=draft, target=target, plan=plan,
+                rng=rng, work=work, eos=eos,
+            )  # fmt: skip
             stats.record_step(
                 names[step.source] if step.n_draft else None, step.n_draft, n_kept, new
             )
@@ -137,10 +143,10 @@ def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan,
             break
 
 
-def _draft(run, start, max_tokens, chain, draft, target, plan, rng, work, eos):
+def _draft(run, start, max_tokens, *, chain, draft, target, plan, rng, work, eos):
     """Ask the draft sources, let the policy size the draft, write its chain's tokens.
 
-    Returns ``(step, work)``: the :class:`_Step` and the workspace (made here when the
+    Returns ``(step, work)``: the :class:`Drafted` and the workspace (made here when the
     draft model is the first model evaluated).
     """
     policy = plan.policy
@@ -152,8 +158,11 @@ def _draft(run, start, max_tokens, chain, draft, target, plan, rng, work, eos):
         proposal = chain.propose(run.sequence(), max_tokens)
     if not len(proposal):
         if draft is None:
-            return _Step(-1, (-1, None), 0, proposal), work
-        return _draft_from_model(run, start, max_tokens, chain, draft, target, plan, rng, work, eos)
+            return Drafted(-1, (-1, None), 0, proposal), work
+        return _draft_from_model(
+            run, start, max_tokens, chain=chain, draft=draft, target=target, plan=plan,
+            rng=rng, work=work, eos=eos,
+        )  # fmt: skip
     source = chain.last_source
     key = (source, chain.last_evidence)
     if candidates is not None and len(candidates) > 1:
@@ -164,16 +173,16 @@ def _draft(run, start, max_tokens, chain, draft, target, plan, rng, work, eos):
         selected = _selection(policy, key, tree, plan.max_tokens)
         n_first = int(np.count_nonzero(selected[: len(proposal)]))
         if np.count_nonzero(selected) > n_first or not selected[:n_first].all():
-            return _Step(source, key, 0, proposal, tree, selected, as_tree=True), work
+            return Drafted(source, key, 0, proposal, tree, selected, as_tree=True), work
         # the selection is a prefix of the best candidate: verified as a chain
         n_draft = n_first
-        step = _Step(source, key, n_draft, proposal, tree, selected)
+        step = Drafted(source, key, n_draft, proposal, tree, selected)
     else:
         n_draft = draft_length(policy, key, len(proposal))
         if eos is not None and n_draft:
             hits = np.flatnonzero(proposal[:n_draft] == eos)
             n_draft = int(hits[0]) + 1 if len(hits) else n_draft
-        step = _Step(source, key, n_draft, proposal)
+        step = Drafted(source, key, n_draft, proposal)
     if n_draft:
         run.tokens[start : start + n_draft] = proposal[:n_draft]
         _check_proposal_range(
@@ -182,7 +191,7 @@ def _draft(run, start, max_tokens, chain, draft, target, plan, rng, work, eos):
     return step, work
 
 
-def _draft_from_model(run, start, max_tokens, chain, draft, target, plan, rng, work, eos):
+def _draft_from_model(run, start, max_tokens, *, chain, draft, target, plan, rng, work, eos):
     """The draft model's turn: a sampled chain, or a tree when the policy selects one."""
     policy = plan.policy
     key = (chain.model_source, None)
@@ -191,8 +200,8 @@ def _draft_from_model(run, start, max_tokens, chain, draft, target, plan, rng, w
     n_draft, work, dtype, siblings = draft_from_model(
         draft,
         run,
-        start,
-        draft_length(policy, key, offered) if levels is None else len(levels),
+        start=start,
+        max_tokens=draft_length(policy, key, offered) if levels is None else len(levels),
         p_min=policy.p_min,
         target=target,
         verifier=plan.verifier,
@@ -203,15 +212,15 @@ def _draft_from_model(run, start, max_tokens, chain, draft, target, plan, rng, w
         levels=levels,
     )
     if not any(siblings):
-        return _Step(key[0], key, n_draft, None, draft_dtype=dtype), work
+        return Drafted(key[0], key, n_draft, None, draft_dtype=dtype), work
     tree, rows = sampled_tree(run.tokens[start : start + n_draft], siblings, len(levels))
     laws, weights = work.draft_rows(1, dtype)  # the buffers; rows says which node is where
     every = np.ones(len(tree), dtype=bool)
-    step = _Step(key[0], key, 0, None, tree, every, True, (laws, weights, rows), dtype)
+    step = Drafted(key[0], key, 0, None, tree, every, True, (laws, weights, rows), dtype)
     return step, work
 
 
-def _chain_pass(run, start, step, names, draft, target, plan, rng, work, eos):
+def _chain_pass(run, start, step, *, names, draft, target, plan, rng, work, eos):
     """Score the step's chain in one target pass, verify it, append what is kept.
 
     Returns ``(new, n_kept, token, seconds, work)``: tokens appended, drafts kept, the
@@ -221,12 +230,7 @@ def _chain_pass(run, start, step, names, draft, target, plan, rng, work, eos):
     seconds = target.elapsed
     rows = target.last_rows(run.ids[:, : start + n_draft], n_draft + 1)
     seconds = target.elapsed - seconds
-    if target.calls == 1:
-        if draft is not None and draft.vocab_size is not None:
-            check_same_vocab(draft.vocab_size, target.vocab_size)
-        check_token_range(run.prompt, eos, target.vocab_size)
-    if work is None:
-        work = verifier.workspace(target.vocab_size)
+    work = _after_target_call(run, eos, target, draft, verifier, work)
     drafted = run.tokens[start : start + n_draft]
     if target.calls == 1 and n_draft and step.proposal is not None:
         _check_proposal_range(drafted, target.vocab_size, names[step.source])
@@ -248,15 +252,33 @@ def _chain_pass(run, start, step, names, draft, target, plan, rng, work, eos):
         workspace=work,
         name_row=target.row_namer(start - 1),
     )
+    return _append(run, start, n_kept, token), n_kept, token, seconds, work
+
+
+def _after_target_call(run, eos, target: ModelCaller, draft, verifier, work):
+    """The checks that wait for the target's vocabulary, and the run's buffers.
+
+    After the target's first call its vocabulary is known (a model need not declare
+    it): the prompt, ``eos`` and a draft model's vocabulary are checked against it,
+    once, here for every loop.  Returns the run's buffers, made now if no draft model
+    made them first.
+    """
+    if target.calls == 1:
+        check_first_call(run, eos, called=target, draft=draft, target=target)
+    return verifier.workspace(target.vocab_size) if work is None else work
+
+
+def _append(run, start: int, n_kept: int, token: int) -> int:
+    """End a pass: the kept drafts are at ``start``; add ``token`` (if drawn); the new count."""
     new = n_kept
     if token >= 0:
         run.tokens[start + n_kept] = token
         new += 1
     run.length = start + new
-    return new, n_kept, token, seconds, work
+    return new
 
 
-def _observe_chain(policy, step: _Step, n_kept: int, token: int, seconds: float) -> None:
+def _observe_chain(policy, step: Drafted, n_kept: int, token: int, seconds: float) -> None:
     """Tell the policy what a chain's pass kept (a source's free shadow included)."""
     if step.selected is not None:  # a prefix of a tree of candidates
         policy.observe_tree(step.key, step.tree, step.selected, np.arange(n_kept), token, seconds)
@@ -306,7 +328,7 @@ def _selection(policy, key, tree: DraftTree, max_tokens: int) -> np.ndarray:
     return mask
 
 
-def _tree_pass(run, start, step: _Step, name, target, plan, rng, work, eos):
+def _tree_pass(run, start, step: Drafted, *, name, draft, target, plan, rng, work, eos):
     """Score the step's selected nodes as one tree, verify them, append the kept path.
 
     ``step.draft_rows``: for sampled drafts, ``(laws, weights, rows)``: the workspace's
@@ -322,11 +344,9 @@ def _tree_pass(run, start, step: _Step, name, target, plan, rng, work, eos):
     seconds = target.elapsed
     target_rows = target.tree_rows(run.ids[0, :start], sub.tokens, sub.parents)
     seconds = target.elapsed - seconds
+    work = _after_target_call(run, eos, target, draft, plan.verifier, work)
     if target.calls == 1:
-        check_token_range(run.prompt, eos, target.vocab_size)
         _check_proposal_range(sub.tokens, target.vocab_size, name)
-    if work is None:
-        work = plan.verifier.workspace(target.vocab_size)
 
     def name_row(row: int, reason: str) -> str:
         where = "after the sequence" if row == 0 else f"after tree node {row - 1}"
@@ -354,12 +374,7 @@ def _tree_pass(run, start, step: _Step, name, target, plan, rng, work, eos):
     run.tokens[start : start + n_kept] = kept
     if (n_kept and kept[-1] == eos) or start + n_kept >= run.limit:
         token = -1  # drawn, but past the end of the output
-    new = n_kept
-    if token >= 0:
-        run.tokens[start + n_kept] = token
-        new += 1
-    run.length = start + new
-    return new, n_kept, token, nodes[path], seconds, work
+    return _append(run, start, n_kept, token), n_kept, token, nodes[path], seconds, work
 
 
 def _pause(run: Run, start: int):
@@ -376,9 +391,7 @@ def sample_plainly(run: Run, *, target: ModelCaller, verifier: Verifier, control
     while run.length < run.limit:
         run.reserve(run.length + 1)
         row = target.last_rows(run.ids[:, : run.length], 1)[0]
-        if work is None:
-            check_token_range(run.prompt, eos, target.vocab_size)
-            work = verifier.workspace(target.vocab_size)
+        work = _after_target_call(run, eos, target, None, verifier, work)
         token = verifier.sample(
             row,
             slot=0,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from specdec._validation import check_token_range
-from specdec._verifier import Workspace
+from specdec._verifier import StreamBuffers
 from specdec.drafters.tree import DraftTree
 
 
@@ -31,7 +31,7 @@ def check_same_vocab(draft_size: int, target_size: int) -> None:
         )
 
 
-def _check_draft_row(row: np.ndarray, work: Workspace) -> None:
+def _check_draft_row(row: np.ndarray, work: StreamBuffers) -> None:
     """A draft model's row must have the vocabulary of the workspace (the target's).
 
     The workspace is made for the first model evaluated; when a chained drafter's
@@ -54,12 +54,25 @@ def nodes_per_depth(tree: DraftTree, selected: np.ndarray) -> list[int]:
     return counts.tolist()
 
 
+def check_first_call(run, eos, *, called, draft, target) -> None:
+    """The checks that wait for a model's first answer, when its vocabulary is known.
+
+    The prompt and ``eos`` against the vocabulary of the model just ``called`` (the
+    draft or the target), and the two models' vocabularies against each other when
+    both are known (declared, or the other model called first).  The one place for
+    them: the draft model's first call (here) and the target's (``_loop``).
+    """
+    if draft is not None and draft.vocab_size is not None and target.vocab_size is not None:
+        check_same_vocab(draft.vocab_size, target.vocab_size)
+    check_token_range(run.prompt, eos, called.vocab_size)
+
+
 def draft_from_model(
     draft,
     run,
+    *,
     start: int,
     max_tokens: int,
-    *,
     p_min: float,
     target,
     verifier,
@@ -68,7 +81,7 @@ def draft_from_model(
     work,
     eos,
     levels=None,
-) -> tuple[int, Workspace, np.dtype | None, list]:
+) -> tuple[int, StreamBuffers, np.dtype | None, list]:
     """Sample up to ``max_tokens`` draft tokens from the draft model into the run's buffer.
 
     Each token's law and weights go to the workspace's draft rows of the draft's dtype
@@ -92,9 +105,7 @@ def draft_from_model(
         position = start + n_draft
         row = draft.last_rows(run.ids[:, :position], 1)[0]
         if work is None:  # first call: the vocabulary and the dtype are known
-            if target.vocab_size is not None:  # declared, or the target was called first
-                check_same_vocab(draft.vocab_size, target.vocab_size)
-            check_token_range(run.prompt, eos, draft.vocab_size)
+            check_first_call(run, eos, called=draft, draft=draft, target=target)
             work = verifier.workspace(draft.vocab_size)
         _check_draft_row(row, work)
         dtype = row.dtype

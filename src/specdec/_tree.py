@@ -7,10 +7,10 @@ is the verification step for such a tree (SpecInfer's multi-step speculative
 sampling, Miao et al. 2024): the kernels' ``verify_tree`` walks it from the root, and
 a tree that is one path makes exactly the decisions of token-by-token :func:`verify`.
 
-Inputs are read as :func:`specdec.verify` reads them (``specdec._engine_inputs``' helpers:
-DLPack and array-protocol producers, one copy for non-contiguous rows, nothing
-written to the caller's arrays), and every check that needs no row values comes
-before any work.
+Inputs are validated by :func:`specdec.verify`'s own checks
+(``specdec._engine_inputs.validate``: DLPack and array-protocol producers, one copy for
+non-contiguous rows, nothing written to the caller's arrays), then the parents; every
+check that needs no row values comes before any work.
 """
 
 from __future__ import annotations
@@ -18,11 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from specdec._common import check_tree
-from specdec._engine_inputs import Step, as_array, check_kind, float_rows
-from specdec._engine_inputs import token_ids as read_token_ids
+from specdec._deprecation import renamed_arguments
+from specdec._engine_inputs import as_array, validate
 from specdec._engine_run import draft_law
-from specdec._validation import SamplingControls, make_rng
-from specdec._verifier import verifier_for
 
 __all__ = ["verify_tree"]
 
@@ -38,8 +36,9 @@ def _parents(value, n_nodes: int) -> np.ndarray:
     return array.astype(np.int64, copy=False)
 
 
+@renamed_arguments("verify_tree()", token_ids="draft_token_ids")
 def verify_tree(
-    token_ids,
+    draft_token_ids,
     parents,
     target_logits,
     draft=None,
@@ -65,8 +64,9 @@ def verify_tree(
 
     Parameters
     ----------
-    token_ids : array-like of int, shape (N,)
-        Each node's token, in [0, V); N >= 0.
+    draft_token_ids : array-like of int, shape (N,)
+        Each node's token, in [0, V); N >= 0 (the name :func:`specdec.verify` uses;
+        ``token_ids`` is its deprecated alias until 0.4).
     parents : array-like of int, shape (N,)
         Each node's parent: -1 for a child of the root, else the index of an earlier
         node (``parents[i] < i``).
@@ -119,57 +119,26 @@ def verify_tree(
     >>> # two candidates after the root (tokens 3 and 5), one more after the first
     >>> path, token = specdec.verify_tree([3, 5, 1], [-1, -1, 0], target, rng=1)
     """
-    kind = check_kind(draft_kind)
-    controls = SamplingControls.from_user(temperature, top_k, top_p, min_p)
-    verifier = verifier_for(backend)
-    ids = read_token_ids(token_ids, "token_ids", 1, "(N,) the nodes' token ids")
-    n_nodes = len(ids)
-    parent_ids = _parents(parents, n_nodes)
-    target = float_rows(target_logits, "target_logits", 2, "(N + 1, V)")
-    if len(target) != n_nodes + 1:
-        raise ValueError(
-            f"target_logits must have shape ({n_nodes + 1}, V) (row 0 at the root, row "
-            f"i + 1 after node i), got {target.shape}"
-        )
-    vocab = target.shape[1]
-    if vocab < 1:
-        raise ValueError("target_logits has no vocabulary (its last axis is empty)")
-    bad = np.flatnonzero((ids < 0) | (ids >= vocab))
-    if len(bad):
-        i = int(bad[0])
-        raise ValueError(f"token_ids[{i}] is {int(ids[i])}, outside the vocabulary [0, {vocab})")
-    if draft is not None:
-        draft = float_rows(draft, "draft", 2, f"(N, V) {kind}")
-        if draft.shape != (n_nodes, vocab):
-            raise ValueError(
-                f"draft must have shape ({n_nodes}, {vocab}) (one row per node, as many "
-                f"columns as target_logits), got {draft.shape}"
-            )
-    generator = None if controls.temperature == 0.0 and rng is None else make_rng(rng)
-
-    # The draft's law, by the engine's own code (one sequence, no batch axis).
-    step = Step(
-        verifier=verifier,
-        controls=controls,
-        block=False,
-        kind=None if draft is None else kind,
-        ids=ids[np.newaxis],
-        draft=None if draft is None else draft[np.newaxis],
-        target=target[np.newaxis],
-        lengths=np.array([n_nodes], dtype=np.int64),
-        generators=[generator],
+    step = validate(
+        draft_token_ids,
+        draft,
+        target_logits,
+        lengths=None,
+        draft_kind=draft_kind,
+        controls=(temperature, top_k, top_p, min_p),
+        verification="token",
+        rngs=rng,
+        backend=backend,
         single=True,
     )
-    try:
-        tree = draft_law(step, 0, n_nodes, ids, parent_ids)
-    except ValueError as error:
-        # The engine names verify's argument; this function's is token_ids.
-        raise ValueError(str(error).replace("draft_token_ids[", "token_ids[", 1)) from error
+    ids, target, verifier = step.ids[0], step.target[0], step.verifier
+    n_nodes, vocab = len(ids), target.shape[1]
+    tree = draft_law(step, 0, n_nodes, ids, _parents(parents, n_nodes))
     path, token = verifier.verify_tree(
         target,
         tree,
-        controls=controls,
-        rng=generator,
+        controls=step.controls,
+        rng=step.generators[0],
         workspace=verifier.thread_workspace(vocab),
         name_row=lambda row, reason: f"target_logits[{row}] holds {reason}",
     )

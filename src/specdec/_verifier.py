@@ -9,7 +9,7 @@ need and neither should repeat:
   law, that law (each row's weights and its ``LAW_DTYPE`` record, as ``sample_token``
   and ``row_laws`` write them); none for deterministic proposals (one-hot drafts); the
   nodes' parents for a tree;
-* the buffers, :class:`Workspace`: the kernels' scratch for one vocabulary and the
+* the buffers, :class:`StreamBuffers`: the kernels' scratch for one vocabulary and the
   draft rows' weights and laws, grown as drafts get longer;
 * the translation of a kernel's :class:`~specdec._common.InvalidLogitsError` (a row
   index within the block the kernel was given) into the caller's ``ValueError``, worded
@@ -30,7 +30,7 @@ import numpy as np
 from specdec._backend import backend_name, kernels_for
 from specdec._common import LAW_DTYPE, InvalidLogitsError
 
-__all__ = ["Draft", "RowNamer", "Verifier", "Workspace", "verifier_for"]
+__all__ = ["Draft", "RowNamer", "Verifier", "StreamBuffers", "verifier_for"]
 
 #: ``namer(row, reason) -> message``: the user's error for kernel row ``row``.
 RowNamer = Callable[[int, str], str]
@@ -64,7 +64,7 @@ class Draft(NamedTuple):
         return self.weights is None
 
 
-class Workspace:
+class StreamBuffers:
     """The buffers of one verification stream: kernel scratch and draft rows.
 
     Parameters
@@ -139,11 +139,11 @@ class Verifier:
 
     # -- buffers -------------------------------------------------------------------------
 
-    def workspace(self, vocab_size: int) -> Workspace:
+    def workspace(self, vocab_size: int) -> StreamBuffers:
         """New buffers for ``vocab_size`` logits per row (one decoding run's own)."""
-        return Workspace(self.kernels, vocab_size)
+        return StreamBuffers(self.kernels, vocab_size)
 
-    def thread_workspace(self, vocab_size: int) -> Workspace:
+    def thread_workspace(self, vocab_size: int) -> StreamBuffers:
         """The calling thread's buffers for ``vocab_size`` (kept between calls).
 
         For calls that run no user code between writing and reading them (the engine
@@ -153,13 +153,13 @@ class Verifier:
         """
         work = getattr(self._local, "workspace", None)
         if work is None or work.vocab_size != vocab_size:
-            work = self._local.workspace = Workspace(self.kernels, vocab_size)
+            work = self._local.workspace = StreamBuffers(self.kernels, vocab_size)
         return work
 
     # -- the kernels ---------------------------------------------------------------------
 
     def sample(
-        self, row, *, slot: int, controls, rng, workspace: Workspace, name_row: RowNamer
+        self, row, *, slot: int, controls, rng, workspace: StreamBuffers, name_row: RowNamer
     ) -> int:
         """Draw one token from ``row``; its law and weights go to draft row ``slot``.
 
@@ -174,7 +174,7 @@ class Verifier:
             raise ValueError(name_row(error.row, error.reason)) from None
 
     def draft_of_rows(
-        self, ids, rows, *, controls, workspace: Workspace, name_row: RowNamer, parents=None
+        self, ids, rows, *, controls, workspace: StreamBuffers, name_row: RowNamer, parents=None
     ) -> Draft:
         """The draft record of ids drawn from the laws of logits ``rows`` (n, V).
 
@@ -198,7 +198,7 @@ class Verifier:
         block: bool,
         controls,
         rng,
-        workspace: Workspace,
+        workspace: StreamBuffers,
         name_row: RowNamer,
     ) -> tuple[int, int]:
         """Verify a chain of drafts against the target's ``n + 1`` rows.
@@ -229,7 +229,7 @@ class Verifier:
         *,
         controls,
         rng,
-        workspace: Workspace,
+        workspace: StreamBuffers,
         name_row: RowNamer,
     ) -> tuple[np.ndarray, int]:
         """Verify a tree of drafts (``draft.parents``) against the target's ``n + 1`` rows.

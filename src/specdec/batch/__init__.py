@@ -15,7 +15,7 @@ Examples
 --------
 >>> from specdec.batch import ModelSpec, run_requests
 >>> request = {"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "def f("}}
->>> records = run_requests([request], ModelSpec("ngram"))  # doctest: +SKIP
+>>> records = run_requests([request], ModelSpec("toy"))  # doctest: +SKIP
 >>> records[0]["response"]["body"]["choices"][0]["text"]  # doctest: +SKIP
 """
 

@@ -8,12 +8,30 @@ or an instance of a module-level class such as :class:`ModelSpec` (the CLI's
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specdec._cores import check_threads
 
 __all__ = ["BatchModels", "ModelSpec", "ToyModels", "plain_chat_format"]
+
+#: Names renamed in 0.3 (old -> new), accepted with a DeprecationWarning until 0.4:
+#: "ngram" named both the toy models and the n-gram draft model.
+_MODELS = {"ngram": "toy"}
+_DRAFTS = {"ngram": "ngram-model"}
+
+
+def _renamed(where: str, value, renames: dict):
+    new = renames.get(value) if isinstance(value, str) else None
+    if new is None:
+        return value
+    warnings.warn(
+        f"{where}{value!r} is deprecated since 0.3 and goes in 0.4; use {new!r}",
+        DeprecationWarning,
+        stacklevel=4,  # the caller of the dataclass's __init__
+    )
+    return new
 
 
 @dataclass
@@ -88,8 +106,9 @@ class ToyModels:
 
     Parameters
     ----------
-    draft : {"lookup", "suffix", "ngram", "none"}
-        Prompt lookup, suffix trees, the low-order n-gram as a draft model, or nothing.
+    draft : {"lookup", "suffix", "ngram-model", "none"}
+        Prompt lookup, suffix trees, the low-order n-gram as a draft model, or nothing
+        (``"ngram"``: the old name of ``"ngram-model"``, until 0.4).
     context : int
         The most bytes of prompt and completion per request.
     max_bytes : int, optional
@@ -100,6 +119,9 @@ class ToyModels:
     context: int = 4096
     max_bytes: int | None = None
 
+    def __post_init__(self):
+        object.__setattr__(self, "draft", _renamed("ToyModels(draft=)", self.draft, _DRAFTS))
+
     def __call__(self) -> BatchModels:
         """Build the models (trained, or read from the cache)."""
         from specdec.toymodels import byte_corpus
@@ -107,14 +129,14 @@ class ToyModels:
         kwargs = {} if self.max_bytes is None else {"max_bytes": self.max_bytes}
         draft_model, target = byte_corpus.load_default_models(**kwargs)
         draft = _drafter(self.draft) if self.draft in ("lookup", "suffix") else None
-        if self.draft == "ngram":
+        if self.draft == "ngram-model":
             draft = draft_model
         return BatchModels(
             target,
             draft,
             byte_corpus.encode,
             byte_corpus.decode,
-            "ngram",
+            "toy",
             encode_chat=plain_chat_format(byte_corpus.encode),
             context=self.context,
         )
@@ -127,10 +149,11 @@ class ModelSpec:
     Parameters
     ----------
     model : str
-        ``"smollm2"``, a ``.gguf`` path, a Hugging Face directory, or ``"ngram"``.
+        ``"smollm2"``, a ``.gguf`` path, a Hugging Face directory, or ``"toy"`` (the
+        byte-level toy models; ``"ngram"`` until 0.4).
     draft : str
-        ``"lookup"``, ``"suffix"``, ``"ngram"``, ``"none"``, or a model path of the
-        target's kind.
+        ``"lookup"``, ``"suffix"``, ``"ngram-model"`` (an n-gram draft model; ``"ngram"``
+        until 0.4), ``"none"``, or a model path of the target's kind.
     context : int
         The most tokens of prompt and completion per request (a GGUF's ``n_ctx``).
     threads : int, optional
@@ -146,22 +169,24 @@ class ModelSpec:
     threads: int | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "model", _renamed("ModelSpec(model=)", self.model, _MODELS))
+        object.__setattr__(self, "draft", _renamed("ModelSpec(draft=)", self.draft, _DRAFTS))
         check_threads(self.threads, "threads")
 
     def __call__(self) -> BatchModels:
         """Load the models (raises ``specdec.cli.options.CLIError`` with a hint on failure)."""
-        if self.model == "ngram":
+        if self.model == "toy":
             return ToyModels(self.draft, self.context)()
         from specdec.cli import demo_models, generate
 
-        named = self.draft in ("lookup", "suffix", "ngram", "none")
+        named = self.draft in ("lookup", "suffix", "ngram-model", "none")
         if self.model == "smollm2" or self.model.endswith(".gguf"):
-            spec = self.draft if self.draft == "ngram" or not named else "lookup"
+            spec = self.draft if self.draft == "ngram-model" or not named else "lookup"
             models = demo_models.load_llama_models(
                 self.model, spec, True, self.context, self.threads
             )
             target = models.target
-            draft = models.draft if self.draft == "ngram" or not named else None
+            draft = models.draft if self.draft == "ngram-model" or not named else None
         else:
             target = generate._load_transformers(self.model, threads=self.threads)
             draft = (

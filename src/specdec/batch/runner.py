@@ -22,10 +22,6 @@ from specdec.drafters.positional import PositionalDraftLength
 
 __all__ = ["BatchOptions", "RequestRunner"]
 
-#: Draft tokens per pass, the most: the CLI's defaults (a draft model; a drafter).
-DEFAULT_GAMMA = 4
-DEFAULT_DRAFTER_GAMMA = 10
-
 
 @dataclass(frozen=True)
 class BatchOptions:
@@ -43,8 +39,9 @@ class BatchOptions:
         The run's seed: a request without ``body.seed`` gets one derived from it and
         its ``custom_id`` (:func:`~specdec.batch.requests.derived_seed`).
     gamma : int, optional
-        Draft tokens per target pass (the most); default 4 with a draft model, 10 with
-        a drafter.
+        The most draft tokens per target pass; None, as for
+        :class:`~specdec.SpeculativeDecoder`: the drafter's own ``num_tokens``, 4 with a
+        draft model.
     stateful : bool, default False
         Carry drafting state between the requests a worker serves: the draft-length
         policy keeps learning, a ``SuffixDrafter`` remembers earlier outputs, and the
@@ -93,16 +90,11 @@ class RequestRunner:
             for name in ("temperature", "top_k", "top_p", "min_p")
         }
 
-    def _gamma(self) -> int:
-        if self.options.gamma is not None:
-            return self.options.gamma
-        return DEFAULT_DRAFTER_GAMMA if isinstance(self.models.draft, Drafter) else DEFAULT_GAMMA
-
     def _decoder_for(self, controls: dict):
         options, draft = self.options, self.models.draft
         if options.stateful:
             if self._decoder is None:
-                self._decoder = specdec.SpeculativeDecoder(self._gamma(), backend=options.backend)
+                self._decoder = specdec.SpeculativeDecoder(options.gamma, backend=options.backend)
             for name, value in controls.items():
                 setattr(self._decoder, name, value)
             return self._decoder
@@ -116,7 +108,7 @@ class RequestRunner:
             else "auto"
         )
         return specdec.SpeculativeDecoder(
-            self._gamma(), backend=options.backend, draft_length=policy, **controls
+            options.gamma, backend=options.backend, draft_length=policy, **controls
         )
 
     def _prompt(self, request: BatchRequest) -> list:

@@ -20,9 +20,11 @@ import specdec
 from specdec.batch.job import run_batch
 from specdec.batch.models import ModelSpec
 from specdec.batch.requests import DuplicateCustomId
-from specdec.batch.runner import DEFAULT_DRAFTER_GAMMA, DEFAULT_GAMMA, BatchOptions
+from specdec.batch.runner import BatchOptions
 from specdec.cli.options import (
     DRAFTS,
+    NGRAM_MODEL,
+    TOY,
     CLIError,
     UsageError,
     add_model_options,
@@ -50,7 +52,6 @@ def configure(parser) -> None:
     add_model_options(parser)
     add_sampling_options(
         parser,
-        (DEFAULT_GAMMA, DEFAULT_DRAFTER_GAMMA),
         seed_help="the run's seed: a request without body.seed gets a seed derived from it "
         "and its custom_id",
     )
@@ -99,18 +100,18 @@ def configure(parser) -> None:
 
 
 def _kind(spec: str) -> str:
-    if spec == "ngram":
-        return "ngram"
+    if spec == TOY:
+        return TOY
     return "gguf" if spec == "smollm2" or spec.endswith(".gguf") else "hf"
 
 
 def _validate(args) -> None:
     kind = _kind(args.model)
     draft_is_model = args.draft not in DRAFTS
-    if draft_is_model and kind == "ngram":
+    if draft_is_model and kind == TOY:
         raise UsageError("--draft FILE.gguf or HF-DIR needs a GGUF or Hugging Face --model")
-    if kind == "hf" and args.draft == "ngram":
-        raise UsageError("--draft ngram is for GGUF and n-gram models")
+    if kind == "hf" and args.draft == NGRAM_MODEL:
+        raise UsageError("--draft ngram-model is for GGUF and toy models")
     if draft_is_model and _kind(args.draft) != kind:
         raise UsageError("--draft and --model must be of one kind: both GGUF or both HF-DIR")
     if not Path(args.input).is_file():
@@ -158,7 +159,7 @@ def run_batch_command(args) -> int:
         Exit status (see the module's docstring).
     """
     options = BatchOptions(
-        max_tokens=args.max_tokens,
+        max_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,

@@ -19,10 +19,10 @@ from specdec.cli.options import (
     MAX_GAMMA,
     MAX_REPEATS,
     MAX_SEED,
-    MAX_TOKENS,
     MAX_VOCAB,
     CLIError,
     UsageError,
+    add_max_new_tokens,
     format_bytes,
     memory_budget,
     number,
@@ -64,13 +64,7 @@ def configure(bench) -> None:
         metavar="A",
         help="per-token acceptance probabilities, sum(min(p, q)) (default: 0.5 0.8)",
     )
-    bench.add_argument(
-        "--max-tokens",
-        metavar="N",
-        type=number(int, lo=1, hi=MAX_TOKENS, what=f"an integer in [1, {MAX_TOKENS}]"),
-        default=128,
-        help="tokens per run (default: %(default)s)",
-    )
+    add_max_new_tokens(bench, 128, "tokens per run")
     bench.add_argument(
         "--repeats",
         metavar="N",
@@ -115,7 +109,7 @@ def configure(bench) -> None:
 
 
 def _table_rows(args) -> int:
-    return len(_PROMPT) + args.max_tokens + max(args.gamma) + 1
+    return len(_PROMPT) + args.max_new_tokens + max(args.gamma) + 1
 
 
 def _validate(args) -> None:
@@ -124,7 +118,7 @@ def _validate(args) -> None:
     budget = memory_budget()
     if need > budget:
         raise UsageError(
-            f"--vocab {max(args.vocab)} with --max-tokens {args.max_tokens} and --gamma "
+            f"--vocab {max(args.vocab)} with --max-new-tokens {args.max_new_tokens} and --gamma "
             f"{max(args.gamma)} needs about {format_bytes(need)} for the logits tables, more "
             f"than the {format_bytes(budget)} allowed (half the memory): use fewer tokens or "
             "a smaller vocabulary"
@@ -222,7 +216,7 @@ def run_bench(args) -> int:
                                 draft,
                                 target,
                                 _PROMPT,
-                                args.max_tokens,
+                                args.max_new_tokens,
                                 g,
                                 seed=args.seed,
                             ),
@@ -233,7 +227,7 @@ def run_bench(args) -> int:
                             draft,
                             target,
                             _PROMPT,
-                            args.max_tokens,
+                            args.max_new_tokens,
                             g,
                             seed=args.seed,
                             backend=backend,
@@ -251,7 +245,7 @@ def run_bench(args) -> int:
     report = {
         "specdec_version": specdec.__version__,
         "settings": {
-            "max_tokens": args.max_tokens,
+            "max_new_tokens": args.max_new_tokens,
             "repeats": args.repeats,
             "seed": args.seed,
             "prompt_tokens": len(_PROMPT),

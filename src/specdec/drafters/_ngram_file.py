@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec.drafters._checks import check_fits_int64, check_ids
+
 FORMAT = "specdec.drafters.NGram"
 VERSION = 1
 
@@ -164,6 +166,31 @@ def tables(arrays: dict, order: int) -> dict:
         if counts.size and counts.min() < 1:
             raise FileError(f"counts_{n} holds a count below 1")
         result[n] = grams, counts
+    return result
+
+
+def counted_grams(arrays: dict, order: int, vocab_size: int | None) -> list:
+    """Every ``(gram, count)`` of the file's tables, as Python tuples and ints, checked.
+
+    Raises
+    ------
+    FileError
+        As :func:`tables`, or if a gram holds an id outside the vocabulary, a value
+        does not fit in int64, or a gram appears twice.
+    """
+    result, seen = [], set()
+    for n, (grams, counts) in tables(arrays, order).items():
+        try:
+            check_fits_int64(grams, f"grams_{n}")
+            check_fits_int64(counts, f"counts_{n}")
+            check_ids(grams, f"grams_{n}", vocab_size)
+        except ValueError as exc:
+            raise FileError(str(exc)) from None
+        for gram, count in zip(map(tuple, grams.tolist()), counts.tolist(), strict=True):
+            if gram in seen:
+                raise FileError(f"grams_{n} holds {gram} twice")
+            seen.add(gram)
+            result.append((gram, count))
     return result
 
 

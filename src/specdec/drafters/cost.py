@@ -7,15 +7,15 @@ so a draft-length policy weighs expected kept tokens against this curve.
 
 Where the curve comes from, first found wins:
 
-1. the policy's ``target_cost=`` argument (a curve, an ``(overhead, per_token)`` pair, or
-   ``"measured"``: timed online);
+1. the policy's ``target_cost=`` argument (a curve);
 2. the target model's ``cost_curve`` attribute: a 1-D float sequence whose element i is
    the cost of a pass evaluating i + 1 tokens relative to a pass over one token (so
    element 0 is 1.0); the adapters may compute it lazily, on first access, by a short
-   calibration;
-3. the target model's ``speculation_cost`` pair ``(overhead, per_token)``: a pass over
-   ``n + 1`` tokens costs ``1 + overhead + per_token * n`` for n >= 1;
-4. :data:`DEFAULT_COST_CURVE`.
+   calibration, and a curve they measured is checked against the run's timed passes
+   (:class:`CurveCheck`);
+3. :data:`DEFAULT_COST_CURVE`.
+
+:func:`check_cost_curve` is the one validator of a curve, wherever it is given.
 
 A pass over a tree of drafts (several candidates in one pass) costs more than a chain
 of as many tokens; the target model's ``tree_cost_curve`` says how much (the adapters
@@ -35,21 +35,15 @@ import threading
 
 import numpy as np
 
-from specdec._validation import is_real
-
 __all__ = [
     "DEFAULT_COST_CURVE",
-    "DEFAULT_TARGET_COST",
     "CostCurve",
     "CurveCheck",
+    "check_cost_curve",
     "check_target_cost",
     "chosen_cost",
     "suffix_minima",
 ]
-
-#: The legacy default ``(overhead, per_token)``: a pass over n drafts and one token costs
-#: ``1 + overhead + per_token * n`` one-token passes (n >= 1).
-DEFAULT_TARGET_COST = (0.57, 0.33)
 
 #: Relative cost of a pass over 1..16 tokens, measured here for SmolLM2-135M in llama.cpp
 #: on a 2-core CPU with one batch thread (docs NOTES section 5): the pessimistic case, so
@@ -84,13 +78,12 @@ class CostCurve:
     1.0
     """
 
-    __slots__ = ("_values", "_slope", "_pair", "_resolve", "_tables", "_tree", "checkable")
+    __slots__ = ("_values", "_slope", "_resolve", "_tables", "_tree", "checkable")
 
     def __init__(self, values, name: str = "cost curve", tree=None) -> None:
-        self._pair = None
         self._resolve = None
         self.checkable = False  # a model's measured curve, which a policy checks
-        self._set(_check_curve(values, name))
+        self._set(check_cost_curve(values, name))
         self._tree = None if tree is None else CostCurve(tree, f"{name} of trees")
 
     def _set(self, values: tuple) -> None:
@@ -98,29 +91,6 @@ class CostCurve:
         self._values = values
         # never downwards: a curve whose last segment falls would reach zero cost
         self._slope = max(values[-1] - values[-2], 0.0) if len(values) > 1 else 1.0
-
-    @classmethod
-    def from_pair(cls, overhead: float, per_token: float, name: str = "cost pair") -> CostCurve:
-        """The curve of a ``(overhead, per_token)`` pair: ``1 + overhead + per_token * n``.
-
-        Parameters
-        ----------
-        overhead, per_token : float >= 0
-            Extra cost of any pass over more than one token, and of each draft token.
-        name : str
-            How errors name the argument.
-
-        Returns
-        -------
-        CostCurve
-        """
-        overhead, per_token = _check_pair((overhead, per_token), name)
-        curve = cls.__new__(cls)
-        curve._pair = (overhead, per_token)
-        curve._resolve = curve._tree = None
-        curve.checkable = False
-        curve._set(tuple(1.0 if n == 0 else 1.0 + overhead + per_token * n for n in range(16)))
-        return curve
 
     @classmethod
     def of_model(cls, model) -> CostCurve:
@@ -139,7 +109,7 @@ class CostCurve:
         CostCurve
         """
         curve = cls.__new__(cls)
-        curve._pair = curve._values = curve._tables = None
+        curve._values = curve._tables = None
         curve.checkable = False
         curve._resolve = lambda: _model_curve(model)
         curve._tree = lambda: _model_tree_curve(model)  # read at the first tree's cost
@@ -148,7 +118,6 @@ class CostCurve:
     def _resolved(self) -> CostCurve:
         if self._values is None:
             resolved = self._resolve()
-            self._pair = resolved._pair
             self.checkable = resolved.checkable
             self._set(resolved._values)
         return self
@@ -184,11 +153,7 @@ class CostCurve:
 
     def tokens(self, n_tokens: int) -> float:
         """Cost of a pass over ``n_tokens >= 1`` tokens, in one-token passes."""
-        self._resolved()
-        if self._pair is not None:  # the pair's own formula, exactly (no extrapolation)
-            overhead, per_token = self._pair
-            return 1.0 if n_tokens <= 1 else 1.0 + overhead + per_token * (n_tokens - 1)
-        values = self._values
+        values = self._resolved()._values
         if n_tokens <= len(values):
             return values[max(n_tokens, 1) - 1]
         return values[-1] + self._slope * (n_tokens - len(values))
@@ -221,51 +186,57 @@ class CostCurve:
     def __repr__(self) -> str:
         if self._values is None:
             return "CostCurve(<the target model's, not read yet>)"
-        if self._pair is not None:
-            return f"CostCurve.from_pair{self._pair!r}"
         return f"CostCurve({list(self._values)!r})"
 
 
-def check_target_cost(value, name: str = "target_cost"):
-    """A policy's ``target_cost`` argument: None, ``"measured"`` or a :class:`CostCurve`.
+def check_target_cost(value, name: str = "target_cost") -> CostCurve | None:
+    """A policy's ``target_cost`` argument: None (the target model's curve) or a curve.
 
     Parameters
     ----------
-    value : None, "measured", CostCurve, tuple (overhead, per_token) or 1-D sequence
-        A tuple of two numbers is an ``(overhead, per_token)`` pair; any other sequence
-        (a list, a NumPy array) is a curve starting at 1.0.
+    value : None, CostCurve or 1-D sequence of float
+        A sequence (a list, a tuple, a NumPy array) is a curve starting at 1.0.
     name : str
         How errors name the argument.
 
     Returns
     -------
-    None, "measured" or CostCurve
+    None or CostCurve
     """
     if value is None or isinstance(value, CostCurve):
         return value
-    if isinstance(value, str):
-        if value == "measured":
-            return value
-        raise ValueError(f"{name} must be None, 'measured', a pair or a cost curve, got {value!r}")
-    if isinstance(value, tuple) and len(value) == 2:
-        return CostCurve.from_pair(*value, name=name)
     return CostCurve(value, name)
 
 
-def _check_pair(value, name: str) -> tuple:
-    overhead, per_token = value
-    if not all(is_real(v) and 0.0 <= v < math.inf for v in (overhead, per_token)):
-        raise ValueError(
-            f"{name} must be a pair (overhead, per_token) of finite numbers >= 0, got {value!r}"
-        )
-    return float(overhead), float(per_token)
+def check_cost_curve(values, name: str = "cost curve") -> tuple:
+    """A cost curve's values as a tuple of float, or a clear error naming ``name``.
 
+    The one validator of a curve: a policy's ``target_cost``, an adapter's
+    ``cost_curve`` and ``tree_cost_curve``, a model's attribute.
 
-def _check_curve(values, name: str) -> tuple:
+    Parameters
+    ----------
+    values : 1-D sequence of float
+        ``values[i]`` is the cost of a pass over ``i + 1`` tokens relative to one
+        token: at least 2 values, finite and > 0, ``values[0] == 1.0``.
+    name : str
+        How errors name the argument.
+
+    Returns
+    -------
+    tuple of float
+
+    Raises
+    ------
+    TypeError
+        If ``values`` is not a sequence of numbers.
+    ValueError
+        If it has fewer than 2 values, is not 1-D, not finite and positive, or does not
+        start at 1.0.
+    """
     expected = (
-        f"{name} must be a cost curve: a 1-D sequence of finite numbers > 0 whose element 0 "
-        "is 1.0 (the cost of a pass over i + 1 tokens relative to one token), or a tuple "
-        "(overhead, per_token)"
+        f"{name} must be a cost curve: a 1-D sequence of at least 2 finite numbers > 0, "
+        "element i the cost of a pass over i + 1 tokens relative to one token"
     )
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
         raise TypeError(f"{expected}; got {type(values).__name__} {values!r}")
@@ -275,11 +246,16 @@ def _check_curve(values, name: str) -> tuple:
         raise TypeError(f"{expected}; got {values!r}") from None
     if array.ndim != 1 or array.size < 2:
         # one point (a pass over one token, 1.0) says nothing about a pass over two
-        raise ValueError(f"{expected} of at least 2 values; got shape {array.shape}")
+        raise ValueError(f"{expected}; got shape {array.shape}")
     if not (np.all(np.isfinite(array)) and np.all(array > 0.0)):
         raise ValueError(f"{expected}; got {array.tolist()!r}")
     if abs(array[0] - 1.0) > 1e-6:
-        raise ValueError(f"{expected}; element 0 is {float(array[0])!r}")
+        # two numbers were an (overhead, per_token) pair before 0.3
+        hint = "; an (overhead, per_token) pair is no longer taken" if array.size == 2 else ""
+        raise ValueError(
+            f"{name}[0] must be 1.0 (costs are relative to a one-token pass), "
+            f"got {float(array[0])!r}{hint}"
+        )
     return tuple(float(v) for v in array)
 
 
@@ -290,54 +266,15 @@ def _model_tree_curve(model) -> CostCurve | None:
 
 
 def _model_curve(model) -> CostCurve:
-    """The target model's ``cost_curve``, else its ``speculation_cost``, else the default."""
+    """The target model's ``cost_curve``, else the default."""
     curve = getattr(model, "cost_curve", None)
-    if curve is not None:
-        curve = CostCurve(curve, "target_model.cost_curve")
-        # a curve the adapter measured is checked against decoding's timed passes; one
-        # the user gave is theirs (and keeps runs reproducible)
-        curve.checkable = getattr(model, "cost_curve_measured", False) is True
-        return curve
-    pair = getattr(model, "speculation_cost", None)
-    if pair is not None:
-        try:
-            overhead, per_token = pair
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"target_model.speculation_cost must be a pair (overhead, per_token), got {pair!r}"
-            ) from None
-        return CostCurve.from_pair(overhead, per_token, "target_model.speculation_cost")
-    return CostCurve(DEFAULT_COST_CURVE)
-
-
-class PassTimer:
-    """Mean wall time of target passes by their number of drafts, for ``"measured"``.
-
-    Parameters
-    ----------
-    memory : float in (0, 1)
-        Weight kept by earlier passes at each new one of the same length.
-    """
-
-    __slots__ = ("memory", "_times")
-
-    def __init__(self, memory: float) -> None:
-        self.memory = memory
-        self._times: dict = {}  # drafts n -> [weight, mean seconds]
-
-    def record(self, n_drafts: int, seconds: float) -> None:
-        """Add one timed pass that verified ``n_drafts`` drafts."""
-        if seconds > 0.0:
-            weight, mean = self._times.get(n_drafts, (0.0, 0.0))
-            weight = weight * self.memory + 1.0
-            self._times[n_drafts] = [weight, mean + (seconds - mean) / weight]
-
-    def drafts(self, n_drafts: int, fallback: CostCurve) -> float:
-        """Measured relative cost of verifying ``n_drafts``; ``fallback`` until timed."""
-        times = self._times
-        if 0 in times and n_drafts in times:
-            return times[n_drafts][1] / times[0][1]
-        return fallback.drafts(n_drafts)
+    if curve is None:
+        return CostCurve(DEFAULT_COST_CURVE)
+    curve = CostCurve(curve, "target_model.cost_curve")
+    # a curve the adapter measured is checked against decoding's timed passes; one the
+    # user gave is theirs (and keeps runs reproducible)
+    curve.checkable = getattr(model, "cost_curve_measured", False) is True
+    return curve
 
 
 class CurveCheck:
@@ -476,7 +413,7 @@ def chosen_cost(own, model_cost) -> CostCurve:
 
     Parameters
     ----------
-    own : None, "measured" or CostCurve
+    own : None or CostCurve
         The policy's ``target_cost``.
     model_cost : CostCurve or None
         What the decoder passed to ``start``.
@@ -490,7 +427,7 @@ def chosen_cost(own, model_cost) -> CostCurve:
     if model_cost is None:
         return CostCurve(DEFAULT_COST_CURVE)
     if not isinstance(model_cost, CostCurve):
-        return check_target_cost(model_cost, "the target model's cost")
+        return CostCurve(model_cost, "the target model's cost")
     return model_cost
 
 

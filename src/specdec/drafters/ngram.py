@@ -147,9 +147,8 @@ class NGram(Drafter):
     is maintained exactly on every increment.  A proposed token costs at most
     ``order - 1`` dictionary lookups and an online update at most ``order - 1``
     increments per token: no step does work proportional to the corpus or to the
-    sequence.  Memory grows with the number of distinct n-grams
-    seen (roughly ``order - 1`` dictionary entries per training token in the worst
-    case); no unigram counts are kept, since a context-free guess is rarely kept.
+    sequence.  Memory grows with the distinct n-grams seen (up to ``order - 1`` per
+    token); no unigram counts are kept, since a context-free guess is rarely kept.
 
     *max_grams* bounds that memory.  When a new n-gram makes the number of
     distinct n-grams exceed it, whole contexts are forgotten, with all their
@@ -509,11 +508,8 @@ class NGram(Drafter):
     def save(self, path) -> None:
         """Write the counts and options to *path* (an uncompressed ``.npz`` file).
 
-        The file holds plain arrays only, no pickled objects: ``format`` (the string
-        ``"specdec.drafters.NGram"``), ``version``, ``order``, the constructor's
-        options (``vocab_size`` and ``max_grams`` -1 for None) and, for every n in
-        2 .. order, ``grams_<n>`` (an (m, n) int64 array of n-grams, sorted) and
-        ``counts_<n>`` (their counts).  The name is used as given (no ``.npz`` is
+        The file holds plain arrays only, no pickled objects (the format is described
+        in ``drafters/_ngram_file.py``).  The name is used as given (no ``.npz`` is
         appended), and the file is written beside it and renamed into place, so a
         reader never sees a partial file.
 
@@ -596,18 +592,9 @@ class NGram(Drafter):
         # the caller's, not the file's.
         drafter = cls(order, vocab_size=vocab, **{**saved, **options})
         try:
-            tables = _ngram_file.tables(arrays, order)
+            grams = _ngram_file.counted_grams(arrays, order, drafter._vocab_size)
         except _ngram_file.FileError as exc:
             raise bad(str(exc)) from None
-        for n, (grams, counts) in tables.items():
-            try:
-                check_fits_int64(grams, f"grams_{n}")
-                check_fits_int64(counts, f"counts_{n}")
-                check_ids(grams, f"grams_{n}", drafter._vocab_size)
-            except ValueError as exc:
-                raise bad(str(exc)) from None
-            for gram, count in zip(map(tuple, grams.tolist()), counts.tolist(), strict=False):
-                if gram in drafter._counts:
-                    raise bad(f"grams_{n} holds {gram} twice")
-                drafter._add(gram, count)
+        for gram, count in grams:
+            drafter._add(gram, count)
         return drafter

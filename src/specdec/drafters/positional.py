@@ -3,6 +3,9 @@
 See :mod:`specdec.drafters.length` for the contract every policy follows (the order of
 the calls, the ``(source, evidence)`` key, what is kept across ``generate`` calls), and
 :mod:`specdec.drafters.cost` for the target's cost curve.
+
+Why one module past 500 lines: one class, the policy's acceptance model with the
+documented methods its tree selector calls (``drafters/_tree_selection.py``).
 """
 
 from __future__ import annotations
@@ -11,11 +14,10 @@ import itertools
 import math
 
 from specdec._validation import is_int, is_real
-from specdec.drafters._tree_selection import TreeSelection
+from specdec.drafters._tree_selection import TreeSelector
 from specdec.drafters.cost import (
     CostCurve,
     CurveCheck,
-    PassTimer,
     check_target_cost,
     chosen_cost,
     suffix_minima,
@@ -25,7 +27,7 @@ from specdec.drafters.length import NO_TALLY, DraftLengthPolicy
 __all__ = ["PositionalDraftLength"]
 
 
-class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
+class PositionalDraftLength(DraftLengthPolicy):
     """The draft length with the most expected tokens per unit of target time.
 
     The default policy for drafters.  It models the chance ``a(i)`` that draft token
@@ -68,8 +70,8 @@ class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
 
     Trees of candidates (several continuations in one target pass) are selected from
     the same model, with a learnt acceptance per rank of alternative, and priced with
-    the target's tree cost curve: :meth:`select_tree` and :meth:`observe_tree`, in
-    ``drafters/_tree_selection.py``.
+    the target's tree cost curve: :meth:`select_tree` and :meth:`observe_tree`, by a
+    :class:`~specdec.drafters._tree_selection.TreeSelector` (:attr:`trees`).
 
     What it learns is kept on the object (across the ``generate`` calls of one decoder,
     see the module docstring); :meth:`reset` forgets it.
@@ -81,8 +83,10 @@ class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
     p_min : float in [0, 1), default 0.0
         A draft model stops drafting at a token whose top probability is below this
         (llama.cpp's ``--draft-p-min``); 0 never stops.
-    target_cost : None, "measured", (overhead, per_token) or cost curve
-        As for :class:`~specdec.drafters.AdaptiveDraftLength`; None uses the target model's curve.
+    target_cost : None, CostCurve or 1-D sequence of float
+        The cost curve of the target's passes (element i: a pass over i + 1 tokens,
+        relative to one token; element 0 is 1.0), taken as given; None uses the target
+        model's (:mod:`specdec.drafters.cost`).
     draft_cost : float >= 0, default 0.0
         Cost of one draft token relative to a one-token target pass.
     prior_acceptance : float in (0, 1), default 0.5
@@ -161,12 +165,12 @@ class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
         )
 
     def reset(self) -> None:
-        """Forget every observation (acceptance, offsets, idle counts and timings)."""
+        """Forget every observation (acceptance, offsets, idle counts and timed passes)."""
         self._cells: dict = {}  # (source, evidence, position) -> Tally
         self._offsets: dict = {}  # source -> log-odds offset of its priors
         self._idle: dict = {}  # (source, evidence) -> proposals since the last draft
-        self._timer = PassTimer(self.memory)
         self._check = CurveCheck()  # the model's curve against the timed passes
+        self.trees = TreeSelector()  # trees of candidates, and their alternatives' cells
 
     def start(self, max_tokens: int, target_cost=None) -> None:
         """Begin a generate call (see :class:`DraftLengthPolicy`); keeps what was learnt.
@@ -185,11 +189,25 @@ class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
         """The evidence bucket (its upper end) that ``evidence`` learns in."""
         return next((b for b in self.EVIDENCE_BUCKETS if evidence <= b), self.MAX_EVIDENCE)
 
-    def _cell_key(self, key, position: int) -> tuple:
+    def cell_group(self, key) -> tuple:
+        """``(source, evidence bucket)``: the group of cells that ``key`` learns in.
+
+        Parameters
+        ----------
+        key : tuple (source, evidence)
+            As given to :meth:`length`.
+
+        Returns
+        -------
+        tuple
+        """
         source, evidence = key if isinstance(key, tuple) and len(key) == 2 else (key, None)
         if evidence is not None:
             evidence = self._bucket(int(evidence))
-        return source, evidence, min(position, self.MAX_POSITION)
+        return source, evidence
+
+    def _cell_key(self, key, position: int) -> tuple:
+        return self.cell_group(key) + (min(position, self.MAX_POSITION),)
 
     def prior(self, evidence, position: int) -> float:
         """The acceptance assumed at ``position`` (1-based) before any observation.
@@ -287,30 +305,61 @@ class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
         -------
         float
         """
-        if self.target_cost == "measured":
-            return self._timer.drafts(n, self._cost)
         return self._curve().drafts(n)
 
     def _curve(self) -> CostCurve:
         """The run's cost curve, as corrected by the timed passes (see CurveCheck)."""
         return self._check.curve(self._cost)
 
+    def pass_costs(self, n_max: int) -> tuple:
+        """``(chain, tree)``: the cost of a step verifying 0..n_max drafts, with drafting's.
+
+        Parameters
+        ----------
+        n_max : int
+            The most drafts.
+
+        Returns
+        -------
+        tuple of two lists of float
+            A chain's and a tree's pass (at least ``n_max + 1`` entries each), plus
+            ``draft_cost`` per draft.
+        """
+        curve = self._curve()  # its kept tables: this runs on every step
+        chain, tree = curve.drafts_table(n_max), curve.tree_drafts_table(n_max)
+        if self.draft_cost:
+            chain, tree = (
+                [v + self.draft_cost * n for n, v in enumerate(t)] for t in (chain, tree)
+            )
+        return chain, tree
+
     def length(self, key, offered: int) -> int:  # noqa: D102
         offered = min(offered, self._max)
         if offered <= 0:
             return 0
-        return self._probe(key, self._best_length(key, offered)[0])
+        return self.probed(key, self.best_length(key, offered)[0])
 
-    def _best_length(self, key, offered: int) -> tuple:
+    def best_length(self, key, offered: int) -> tuple:
         """``(n, rate)``: the draft length in [0, offered] with the most tokens per cost.
 
         ``n = 0`` (rate ``1 / cost(0)``) when no draft pays or ``offered`` is 0.  Also
         the chain option of :meth:`select_tree`.
+
+        Parameters
+        ----------
+        key : tuple (source, evidence)
+            As given to :meth:`length`.
+        offered : int
+            The proposal's length.
+
+        Returns
+        -------
+        tuple (int, float)
         """
         if offered <= 0:
             return 0, 1.0 / self.cost(0)
         draft_cost, min_tokens = self.draft_cost, self.min_tokens
-        if self.target_cost == "measured" or draft_cost:
+        if draft_cost:
             costs = [self.cost(n) + draft_cost * n for n in range(offered + 1)]
             floor = suffix_minima(costs)
         else:
@@ -337,15 +386,28 @@ class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
                 break
         return best_n, best_rate
 
-    def _probe(self, key, best_n: int) -> int:
+    def probed(self, key, best_n: int) -> int:
         """``best_n``, or 1 after PROBE_EVERY proposals of ``key`` drafted from not at all.
 
         A source never drafted from learns nothing unless the decoder reports what its
         proposal would have scored (a drafter's proposal, compared with the token the
         target chose: :meth:`observe` with ``drafted=0`` and a ``shadow``); a draft model
-        gives no such free observation, so it is tried with one token now and then.
+        gives no such free observation, so it is tried with one token now and then (and
+        a curve that forbids drafting is probed, see
+        :class:`~specdec.drafters.cost.CurveCheck`).
+
+        Parameters
+        ----------
+        key : tuple (source, evidence)
+            As given to :meth:`length`.
+        best_n : int
+            The length chosen.
+
+        Returns
+        -------
+        int
         """
-        idle_key = self._cell_key(key, 0)[:2]
+        idle_key = self.cell_group(key)
         if best_n == 0 and self.target_cost is None and self._check.probe():
             return 1  # a pass of two tokens timed, to check the curve
         if best_n == 0:
@@ -367,16 +429,67 @@ class PositionalDraftLength(TreeSelection, DraftLengthPolicy):
             outcomes.append((drafted + 1, float(shadow)))
         if drafted == 0 and shadow is not None:
             # a free observation: a key that gets them never needs a paid probe
-            self._idle[self._cell_key(key, 0)[:2]] = 0
-        self._learn_offset(key, outcomes)
+            self._idle[self.cell_group(key)] = 0
+        self.learn(key, outcomes, outcomes)
+        if self.target_cost is None:
+            self._check.record(drafted, target_seconds)
+
+    def learn(self, key, outcomes, offset_outcomes) -> None:
+        """Record draft outcomes in ``key``'s cells, and teach its source's offset.
+
+        Parameters
+        ----------
+        key : tuple (source, evidence)
+            As given to :meth:`length`.
+        outcomes : list of (int, float)
+            ``(position, success)``: each recorded in the cell of that position.
+        offset_outcomes : list of (int, float)
+            ``(position, success)`` that move the source's offset (a tree's outcomes
+            off its first candidate do not).
+        """
+        self._learn_offset(key, offset_outcomes)
         cells, memory = self._cells, self.memory
         for position, success in outcomes:
             cell = self._cell_key(key, position)
             cells[cell] = cells.get(cell, NO_TALLY).add(success, 1.0, memory)
-        if self.target_cost == "measured":
-            self._timer.record(drafted, target_seconds)
-        elif self.target_cost is None:
-            self._check.record(drafted, target_seconds)
+
+    def select_tree(self, key, tree):
+        """Which nodes of a tree of candidates to verify (see :class:`TreeSelector`).
+
+        Parameters
+        ----------
+        key : tuple (source, evidence)
+            As for :meth:`length`.
+        tree : DraftTree
+            The candidates.
+
+        Returns
+        -------
+        numpy.ndarray of bool, shape (N,)
+            The selected nodes (closed under parents and earlier siblings); none
+            selected is a plain step.
+        """
+        return self.trees.select(self, key, tree, self._max)
+
+    def observe_tree(self, key, tree, selected, path, next_token: int, target_seconds: float):
+        """Learn from one verified tree (see :meth:`TreeSelector.observe`).
+
+        Parameters
+        ----------
+        key : tuple (source, evidence)
+            As given to :meth:`select_tree`.
+        tree : DraftTree
+            The candidates.
+        selected : numpy.ndarray of bool
+            :meth:`select_tree`'s answer.
+        path : sequence of int
+            The kept nodes, root to leaf.
+        next_token : int
+            The token drawn after the last kept node, -1 if none was drawn.
+        target_seconds : float
+            Wall time of the target pass (trees are not timed against the curve).
+        """
+        self.trees.observe(self, key, tree, selected, path, next_token)
 
     def offset(self, source) -> float:
         """The log-odds offset of ``source``'s priors (0.0 until it is observed).

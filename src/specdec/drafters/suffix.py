@@ -7,15 +7,20 @@ it.  Agents writing tool calls of one schema, rounds of edits to the same code, 
 extracted from documents of one format: their outputs repeat the request's input and
 earlier requests' outputs, and a tree over both drafts long runs that prompt lookup,
 which copies only the latest occurrence in this request, misses.
+
+Why one module past 500 lines: one drafter class and its two indexes (this request's
+and the earlier outputs'), which share its locking; the trie itself is ``_trie.py``.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import warnings
 
 import numpy as np
 
+from specdec._deprecation import renamed_arguments
 from specdec._validation import MAX_GAMMA, is_real
 from specdec.drafters._checks import (
     as_sequence,
@@ -48,7 +53,7 @@ class SuffixDrafter(SharedState, Drafter):
     the child seen most often after it (ties: the one seen last), whose estimated
     probability is ``count(child) / count(continuations of the node)``; the path's
     probability is the product along it, and the path stops where it falls below
-    ``min_token_prob``, and after ``min(num_tokens, floor(max_spec_factor * m +
+    ``min_probability``, and after ``min(num_tokens, floor(max_spec_factor * m +
     max_spec_offset))`` tokens: the longer the match, the longer the draft.  Of all
     these paths, the one with the highest score (the sum of its probabilities: the
     expected kept tokens if the probabilities were right) wins; ties go to the longer
@@ -93,8 +98,10 @@ class SuffixDrafter(SharedState, Drafter):
         tokens per pass than 1.0 on bench/bench_multi_request.py's workloads.)
     max_spec_offset : float in [-1024, 1024], default 0.0
         See ``max_spec_factor``.
-    min_token_prob : float in [0, 1], default 0.1
-        Stop a draft where its estimated probability falls below this.
+    min_probability : float in [0, 1], default 0.1
+        Stop a draft where its estimated probability falls below this (the name
+        :class:`~specdec.drafters.NGram` uses; ``min_token_prob``, ArcticInference's,
+        is its deprecated alias until 0.4).
     max_cached_requests : int >= 0, default 64
         Earlier requests whose outputs the global tree keeps (0: no global tree).
     max_cached_tokens : int >= 0, default 16384
@@ -136,13 +143,14 @@ class SuffixDrafter(SharedState, Drafter):
     #: ``num_tokens`` long anyway, so larger values change nothing.
     MAX_SPEC = float(MAX_GAMMA)
 
+    @renamed_arguments("SuffixDrafter()", min_token_prob="min_probability")
     def __init__(
         self,
         num_tokens: int = 16,
         max_depth: int = 24,
         max_spec_factor: float = 4.0,
         max_spec_offset: float = 0.0,
-        min_token_prob: float = 0.1,
+        min_probability: float = 0.1,
         max_cached_requests: int = 64,
         max_cached_tokens: int = 16384,
         max_indexed_tokens: int = 16384,
@@ -162,7 +170,7 @@ class SuffixDrafter(SharedState, Drafter):
                 raise ValueError(f"{expected}, got {value!r}")
         self.max_spec_factor = float(max_spec_factor)
         self.max_spec_offset = float(max_spec_offset)
-        self.min_token_prob = check_probability_option("min_token_prob", min_token_prob)
+        self.min_probability = check_probability_option("min_probability", min_probability)
         self.max_cached_requests = check_int_option(
             "max_cached_requests", max_cached_requests, 0, MAX_COUNT
         )
@@ -179,10 +187,20 @@ class SuffixDrafter(SharedState, Drafter):
         return (
             f"SuffixDrafter(num_tokens={self.num_tokens}, max_depth={self.max_depth}, "
             f"max_spec_factor={self.max_spec_factor}, max_spec_offset={self.max_spec_offset}, "
-            f"min_token_prob={self.min_token_prob}, max_cached_requests="
+            f"min_probability={self.min_probability}, max_cached_requests="
             f"{self.max_cached_requests}, max_cached_tokens={self.max_cached_tokens}, "
             f"max_indexed_tokens={self.max_indexed_tokens})"
         )
+
+    @property
+    def min_token_prob(self) -> float:
+        """Deprecated name of :attr:`min_probability` (until 0.4)."""
+        warnings.warn(
+            "SuffixDrafter.min_token_prob is deprecated since 0.3; use min_probability",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.min_probability
 
     # -- state ------------------------------------------------------------------------
 
@@ -329,8 +347,8 @@ class SuffixDrafter(SharedState, Drafter):
     def start(self, prompt) -> None:
         """Begin a request: cache this thread's previous output, index the prompt.
 
-        A prompt longer than ``max_indexed_tokens`` is indexed from its last
-        ``max_indexed_tokens`` tokens.
+        A prompt longer than ``max_indexed_tokens`` is indexed from its tail only
+        (the bound's rule, in the class's *Memory* notes).
 
         Parameters
         ----------
@@ -396,7 +414,7 @@ class SuffixDrafter(SharedState, Drafter):
         The first candidate is :meth:`propose`'s; each other one leaves that path at
         one of its nodes by another continuation seen in the same tree, then follows
         the most frequent continuations (the branches whose first new token is the
-        most probable first, each at least ``min_token_prob``).
+        most probable first, each at least ``min_probability``).
 
         Parameters
         ----------
@@ -426,14 +444,14 @@ class SuffixDrafter(SharedState, Drafter):
                 # the first candidate's cap: a longer match drafts longer (see the class)
                 limit = self._cap(request.last_match_size, max_tokens)
                 for branch in trie.branches(
-                    node, first.tolist(), limit, self.min_token_prob, max_candidates - 1
+                    node, first.tolist(), limit, self.min_probability, max_candidates - 1
                 ):
                     candidates.append(np.array(branch, dtype=np.int64))
         return candidates
 
     def _best_path(self, trie: SuffixTrie, active: list, max_tokens: int, best, name: str):
         """The best of ``best`` and the paths of ``trie`` from the ``active`` matches."""
-        min_prob = self.min_token_prob
+        min_prob = self.min_probability
         best_score, best_match = best[0], best[1]
         for match in range(len(active), 0, -1):  # longest match first
             cap = self._cap(match, max_tokens)

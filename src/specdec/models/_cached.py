@@ -86,19 +86,9 @@ class PrefixCachedModel(abc.ABC):
         last :meth:`reset` (a measure of model work; cached tokens are free).
     n_forward_calls : int
         Number of :meth:`forward` calls since creation or the last :meth:`reset`.
-    speculation_cost : tuple of float
-        ``(overhead, per_token)``: a call that evaluates ``n + 1`` tokens costs about
-        ``1 + overhead + per_token * n`` times a call that evaluates one.  The
-        adaptive draft length (:class:`specdec.drafters.AdaptiveDraftLength`) reads it
-        to decide how many draft tokens pay.  It is fitted to :attr:`cost_curve`
-        once that is known (given, or measured in this process); until then each
-        adapter's default, measured on a small model on a CPU.  It can be set per
-        instance for other hardware.
     """
 
     vocab_size: int
-    #: The default of ``speculation_cost`` (see the class docstring).
-    default_speculation_cost: tuple = (0.57, 0.33)
 
     def __init__(self, cost_curve: Any = None, tree_cost_curve: Any = None) -> None:
         self.n_evaluated_tokens = 0
@@ -110,7 +100,6 @@ class PrefixCachedModel(abc.ABC):
             if tree_cost_curve is None
             else _calibration.check_cost_curve(tree_cost_curve, "tree_cost_curve")
         )
-        self._speculation_cost: tuple | None = None
         self._first_use_done = False
 
     # -- the cost of a pass ----------------------------------------------------
@@ -213,23 +202,6 @@ class PrefixCachedModel(abc.ABC):
             return False
         key = self._calibration_key()
         return key is None or key not in _calibration._MEASURED
-
-    @property
-    def speculation_cost(self) -> tuple:
-        """``(overhead, per_token)``, see the class docstring; never starts a calibration."""
-        if self._speculation_cost is not None:
-            return self._speculation_cost
-        curve = self._cost_curve
-        if curve is None:
-            key = self._calibration_key()
-            curve = _calibration._MEASURED.get(key) if key is not None else None
-        if curve is not None and curve.size > 1:
-            return _calibration.fit_speculation_cost(curve)
-        return self.default_speculation_cost
-
-    @speculation_cost.setter
-    def speculation_cost(self, value: tuple) -> None:
-        self._speculation_cost = None if value is None else tuple(value)
 
     def _calibration_key(self) -> Any:
         """What identifies this model's cost in the process (None: not shared)."""

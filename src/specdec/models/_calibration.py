@@ -21,12 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from specdec.drafters import cost
+
 __all__ = [
     "CalibrationWarning",
     "MAX_TOKENS",
     "implausibility",
     "check_cost_curve",
-    "fit_speculation_cost",
     "measure_cost_curve",
     "measure_tree_cost_curve",
 ]
@@ -79,6 +80,9 @@ _MEASURED_TREES: dict = {}
 def check_cost_curve(value: Any, name: str = "cost_curve") -> np.ndarray:
     """A user's cost curve as a read-only float64 array, or a clear error.
 
+    Validated by :func:`specdec.drafters.cost.check_cost_curve` (the one validator of
+    a curve); the adapters keep it as an array.
+
     Parameters
     ----------
     value : array_like of float
@@ -90,50 +94,10 @@ def check_cost_curve(value: Any, name: str = "cost_curve") -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-
-    Raises
-    ------
-    ValueError
-        If the curve has fewer than 2 points, is not 1-D, not finite and positive, or
-        does not start at 1.
     """
-    try:
-        curve = np.array(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"{name} must be a 1-D sequence of numbers, got {type(value).__name__}"
-        ) from None
-    if curve.ndim != 1 or curve.size < 2:
-        # one point (1.0, the one-token pass) says nothing about a pass over two tokens
-        raise ValueError(
-            f"{name} must be a 1-D sequence of at least 2 numbers, got shape {curve.shape}"
-        )
-    if not np.all(np.isfinite(curve)) or not np.all(curve > 0):
-        raise ValueError(f"{name} must hold finite numbers > 0")
-    if curve[0] != 1.0:
-        raise ValueError(
-            f"{name}[0] must be 1.0 (costs are relative to a one-token pass), got {curve[0]}"
-        )
+    curve = np.array(cost.check_cost_curve(value, name), dtype=np.float64)
     curve.flags.writeable = False
     return curve
-
-
-def fit_speculation_cost(curve: np.ndarray) -> tuple:
-    """``(overhead, per_token)`` of the line that fits ``curve[n] = 1 + overhead + per_token n``.
-
-    A least-squares fit over ``n >= 1``, clipped at 0; the class default of the
-    adapters' ``speculation_cost`` when the curve has a single element.
-    """
-    n = np.arange(1, curve.size, dtype=np.float64)
-    if n.size == 0:
-        return (0.0, 0.0)
-    extra = curve[1:] - 1.0
-    if n.size == 1:
-        return (max(float(extra[0]), 0.0), 0.0)
-    per_token, overhead = np.polyfit(n, extra, 1)
-    per_token = max(float(per_token), 0.0)
-    overhead = max(float(np.mean(extra - per_token * n)), 0.0)
-    return (overhead, per_token)
 
 
 def measure_cost_curve(model: Any, max_length: int | None) -> np.ndarray:

@@ -1,4 +1,9 @@
-"""Hugging Face ``transformers`` causal language models on PyTorch."""
+"""Hugging Face ``transformers`` causal language models on PyTorch.
+
+Why one module past 500 lines: one adapter class (its cache, its trees of drafts in one
+pass with a 4-D mask, its text) whose docstrings document what users meet; the shared
+cache logic is ``_cached.py``, the tree scoring ``_tree_scoring.py``.
+"""
 
 from __future__ import annotations
 
@@ -97,10 +102,6 @@ class TransformersModel(PrefixCachedModel):
     If the cache cannot be cropped (some sliding-window or recurrent layers
     cannot), a rollback starts over from an empty cache instead.
     """
-
-    #: On a CPU, PyTorch evaluates a few tokens in about the time of one (the weights
-    #: are read once per call): a draft costs the target little (see PrefixCachedModel).
-    default_speculation_cost = (0.1, 0.05)
 
     def __init__(
         self,
