@@ -63,7 +63,7 @@ BAD_INIT = [
     ({"gamma": 2.0}, TypeError),
     ({"gamma": True}, TypeError),
     ({"gamma": "4"}, TypeError),
-    ({"gamma": None}, TypeError),
+    ({"gamma": [4]}, TypeError),  # None is the default: the draft sources' own
     ({"gamma": np.float64(2)}, TypeError),
     ({"gamma": 1e8}, TypeError),
     ({"gamma": 10**8}, ValueError),
