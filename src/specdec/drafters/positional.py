@@ -327,11 +327,13 @@ class PositionalDraftLength(DraftLengthPolicy):
         """
         curve = self._curve()  # its kept tables: this runs on every step
         chain, tree = curve.drafts_table(n_max), curve.tree_drafts_table(n_max)
-        if self.draft_cost:
-            chain, tree = (
-                [v + self.draft_cost * n for n, v in enumerate(t)] for t in (chain, tree)
-            )
-        return chain, tree
+        return self._with_drafting(chain), self._with_drafting(tree)
+
+    def _with_drafting(self, costs: list) -> list:
+        """``costs`` (a pass over n drafts, by n) plus ``draft_cost`` per draft."""
+        if not self.draft_cost:
+            return costs
+        return [v + self.draft_cost * n for n, v in enumerate(costs)]
 
     def length(self, key, offered: int) -> int:  # noqa: D102
         offered = min(offered, self._max)
@@ -359,13 +361,9 @@ class PositionalDraftLength(DraftLengthPolicy):
         if offered <= 0:
             return 0, 1.0 / self.cost(0)
         draft_cost, min_tokens = self.draft_cost, self.min_tokens
-        if draft_cost:
-            costs = [self.cost(n) + draft_cost * n for n in range(offered + 1)]
-            floor = suffix_minima(costs)
-        else:
-            curve = self._curve()
-            costs = curve.drafts_table(offered)
-            floor = curve.drafts_floor(offered)
+        curve = self._curve()
+        costs = self._with_drafting(curve.drafts_table(offered))
+        floor = suffix_minima(costs) if draft_cost else curve.drafts_floor(offered)
         best_n, best_rate = 0, -1.0
         if min_tokens == 0:
             best_rate = 1.0 / costs[0]
