@@ -424,14 +424,52 @@ def sample_token(logits, object controls, object rng, law_out, weights_out, Work
     return _sample_token_views(logits, controls, rng, law_out, weights_out, work)
 
 
-cdef inline bint plain_array(object a, int typenum, bint writeable):
-    """A 1-D, aligned, native, C-contiguous ndarray of type `typenum` (writeable if asked)."""
+cdef inline bint plain_array(object a, int typenum, bint writeable, int ndim=1):
+    """An `ndim`-D, aligned, native, C-contiguous ndarray of type `typenum` (writeable if
+    asked)."""
     if not cnp.PyArray_Check(a):
         return False
     cdef cnp.ndarray array = <cnp.ndarray> a
-    return (cnp.PyArray_NDIM(array) == 1 and cnp.PyArray_TYPE(array) == typenum
+    return (cnp.PyArray_NDIM(array) == ndim and cnp.PyArray_TYPE(array) == typenum
             and cnp.PyArray_ISCARRAY_RO(array) and cnp.PyArray_ISNOTSWAPPED(array)
             and (not writeable or cnp.PyArray_ISWRITEABLE(array)))
+
+
+cdef inline int plain_logits_type(object a, Py_ssize_t vocab_size):
+    """NPY_FLOAT or NPY_DOUBLE for plain 2-D rows of `vocab_size` columns, else -1."""
+    cdef int typenum
+    if plain_array(a, cnp.NPY_FLOAT, False, 2):
+        typenum = cnp.NPY_FLOAT
+    elif plain_array(a, cnp.NPY_DOUBLE, False, 2):
+        typenum = cnp.NPY_DOUBLE
+    else:
+        return -1
+    return typenum if cnp.PyArray_DIM(<cnp.ndarray> a, 1) == vocab_size else -1
+
+
+cdef bint plain_verify_args(object target_rows, object draft_tokens, object draft_weights,
+                            object draft_laws, object block, Py_ssize_t vocab_size):
+    """True when verify's arguments are the usual ones and pass check_verify_args (but
+    for the tokens' range, which verify checks in its loop): plain arrays of agreeing
+    shapes, a bool ``block``.  The decoder calls verify once per step, and the Python
+    checks cost more than the kernels at a small vocabulary."""
+    if type(block) is not bool or plain_logits_type(target_rows, vocab_size) < 0:
+        return False
+    if not plain_array(draft_tokens, cnp.NPY_INT64, False):
+        return False
+    cdef Py_ssize_t n = cnp.PyArray_DIM(<cnp.ndarray> draft_tokens, 0)
+    if cnp.PyArray_DIM(<cnp.ndarray> target_rows, 0) != n + 1:
+        return False
+    if draft_weights is None and draft_laws is None:
+        return True
+    if plain_logits_type(draft_weights, vocab_size) < 0:
+        return False
+    if cnp.PyArray_DIM(<cnp.ndarray> draft_weights, 0) < n or not cnp.PyArray_Check(draft_laws):
+        return False
+    cdef cnp.ndarray laws = <cnp.ndarray> draft_laws
+    return ((<object> cnp.PyArray_DESCR(laws)) is _LAW_DESCR and cnp.PyArray_NDIM(laws) == 1
+            and cnp.PyArray_ISCARRAY_RO(laws) and cnp.PyArray_ISNOTSWAPPED(laws)
+            and cnp.PyArray_DIM(laws, 0) >= n)
 
 
 cdef int plain_row_kind(object logits, object weights_out, object law_out):
@@ -813,17 +851,60 @@ cdef object verify_with_target(const target_logit_t[:, ::1] target_rows, const i
                        block)
 
 
+cdef int check_token_range(const int64_t *tokens, Py_ssize_t n,
+                           Py_ssize_t vocab_size) except -1:
+    """int64 draft tokens must lie in [0, vocab_size) (check_verify_args did the rest)."""
+    cdef Py_ssize_t i
+    for i in range(n):
+        if tokens[i] < 0 or tokens[i] >= vocab_size:
+            raise token_range_error("verify", tokens[i], vocab_size)
+    return 0
+
+
+cdef object verify_plain(cnp.ndarray target_rows, cnp.ndarray draft_tokens, object draft_weights,
+                         object draft_laws, bint bonus, object controls, object rng,
+                         Workspace work, bint block):
+    """verify on arguments plain_verify_args accepted: straight to their data."""
+    cdef Controls c = unpack_controls(controls)
+    cdef Py_ssize_t n_draft = cnp.PyArray_DIM(draft_tokens, 0), n = work.vocab_size
+    cdef const int64_t *tokens = <const int64_t *> cnp.PyArray_DATA(draft_tokens)
+    check_token_range(tokens, n_draft, n)
+    cdef const void *rows = cnp.PyArray_DATA(target_rows)
+    cdef bint rows32 = cnp.PyArray_TYPE(target_rows) == cnp.NPY_FLOAT
+    cdef const RowLaw *q_laws = NULL
+    cdef const void *q = NULL
+    cdef bint q32 = True
+    if draft_weights is not None and n_draft > 0:
+        q = cnp.PyArray_DATA(<cnp.ndarray> draft_weights)
+        q32 = cnp.PyArray_TYPE(<cnp.ndarray> draft_weights) == cnp.NPY_FLOAT
+        q_laws = <const RowLaw *> cnp.PyArray_DATA(<cnp.ndarray> draft_laws)
+    cdef Py_ssize_t q_stride = n if q != NULL else 0
+    if rows32 and q32:
+        return verify_rows(<const float *> rows, tokens, n_draft, n, <const float *> q,
+                           q_stride, q_laws, bonus, &c, rng, work, block)
+    if rows32:
+        return verify_rows(<const float *> rows, tokens, n_draft, n, <const double *> q,
+                           q_stride, q_laws, bonus, &c, rng, work, block)
+    if q32:
+        return verify_rows(<const double *> rows, tokens, n_draft, n, <const float *> q,
+                           q_stride, q_laws, bonus, &c, rng, work, block)
+    return verify_rows(<const double *> rows, tokens, n_draft, n, <const double *> q,
+                       q_stride, q_laws, bonus, &c, rng, work, block)
+
+
 def verify(target_rows, draft_tokens, draft_weights, draft_laws, bint bonus, object controls,
            object rng, Workspace work, block=False):
     """Compiled twin of ``specdec._fallback.verify``, whose docstring _backend copies."""
+    if plain_verify_args(target_rows, draft_tokens, draft_weights, draft_laws, block,
+                         work.vocab_size):
+        return verify_plain(target_rows, draft_tokens, draft_weights, draft_laws, bonus,
+                            controls, rng, work, block)
     check_verify_args(target_rows, draft_tokens, draft_weights, draft_laws, block,
                       work.vocab_size, token_range=False)
     cdef Controls c = unpack_controls(controls)
     cdef const int64_t[::1] tokens = np.ascontiguousarray(draft_tokens, dtype=np.int64)
-    cdef Py_ssize_t n_draft = tokens.shape[0], i
-    for i in range(n_draft):  # int64 tokens' range (check_verify_args did the others')
-        if tokens[i] < 0 or tokens[i] >= work.vocab_size:
-            raise token_range_error("verify", tokens[i], work.vocab_size)
+    cdef Py_ssize_t n_draft = tokens.shape[0]
+    check_token_range(&tokens[0] if n_draft else NULL, n_draft, work.vocab_size)
     cdef const RowLaw[::1] q_laws
     cdef const RowLaw *q_law_ptr = NULL
     if draft_laws is not None and n_draft > 0:

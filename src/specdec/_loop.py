@@ -151,7 +151,9 @@ def _draft(run, start, max_tokens, *, chain, draft, target, plan, rng, work, eos
     """
     policy = plan.policy
     candidates = None
-    if plan.tree_width:
+    if not chain.drafters:  # a draft model alone
+        proposal = _NO_PROPOSAL
+    elif plan.tree_width:
         candidates = chain.propose_candidates(run.sequence(), max_tokens, plan.tree_width)
         proposal = candidates[0] if candidates else _NO_PROPOSAL
     else:

@@ -101,15 +101,19 @@ def draft_from_model(
     siblings: list = []
     n_rows = max_tokens + (sum(levels) - len(levels) if levels else 0)
     next_slot = max_tokens
+    ids = run.ids
     while n_draft < max_tokens:
         position = start + n_draft
-        row = draft.last_rows(run.ids[:, :position], 1)[0]
-        if work is None:  # first call: the vocabulary and the dtype are known
-            check_first_call(run, eos, called=draft, draft=draft, target=target)
-            work = verifier.workspace(draft.vocab_size)
-        _check_draft_row(row, work)
-        dtype = row.dtype
-        laws, weights = work.draft_rows(n_rows, dtype)
+        row = draft.last_rows(ids[:, :position], 1)[0]
+        if dtype is None:  # this step's first row
+            if work is None:  # the first model call: the vocabulary is known
+                check_first_call(run, eos, called=draft, draft=draft, target=target)
+                work = verifier.workspace(draft.vocab_size)
+            elif draft.calls == 1:  # the target went first and made the workspace
+                _check_draft_row(row, work)
+            # one dtype per model (ModelCaller checks it): one reservation per step
+            dtype = row.dtype
+            laws, weights = work.draft_rows(n_rows, dtype)
         name_row = draft.row_namer(position - 1)
         token = verifier.sample(
             row, slot=n_draft, controls=controls, rng=rng, workspace=work, name_row=name_row
