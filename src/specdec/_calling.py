@@ -194,18 +194,13 @@ class ModelCaller:
             )
         return self._checked_rows(rows[None])[0]
 
-    def row_namer(self, first_position: int):
-        """The verifier's row namer for rows that start at sequence ``first_position``.
+    def name_row(self, position: int, reason: str) -> str:
+        """The verifier's row namer (:data:`specdec._verifier.RowNamer`) for this model.
 
-        Row ``i`` of the kernel's block holds this model's logits at position
-        ``first_position + i``, the row that predicts the token after it.
+        ``position`` is the sequence position whose logits the row holds (the row that
+        predicts the token after it); the verifier adds the block's first position.
         """
-
-        def name(row: int, reason: str) -> str:
-            position = first_position + row
-            return (
-                f"{self.name} returned {reason} at position {position} "
-                f"(the row predicting token {position + 1})"
-            )
-
-        return name
+        return (
+            f"{self.name} returned {reason} at position {position} "
+            f"(the row predicting token {position + 1})"
+        )

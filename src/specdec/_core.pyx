@@ -399,7 +399,8 @@ cdef int greedy_token(const logit_t *x, Py_ssize_t n, Py_ssize_t *token) noexcep
 
 # --- entry points ----------------------------------------------------------------------
 
-def sample_token(logits, object controls, object rng, law_out, weights_out, Workspace work):
+def sample_token(logits, object controls, object rng, law_out, weights_out,
+                 Workspace work not None):
     """Compiled twin of ``specdec._fallback.sample_token``, whose docstring _backend copies."""
     # A draft model calls this once per token: the usual arguments (aligned, native,
     # C-contiguous arrays of the right types) go straight to their data; anything else
@@ -544,7 +545,7 @@ cdef int fill_row_laws(const logit_t[:, ::1] rows, const Controls *c, RowLaw *la
     return 0
 
 
-def row_laws(rows, controls, laws_out, weights_out, Workspace work):
+def row_laws(rows, controls, laws_out, weights_out, Workspace work not None):
     """Compiled twin of ``specdec._fallback.row_laws``, whose docstring _backend copies."""
     check_row_laws_args(rows, laws_out, weights_out, work.vocab_size)
     cdef Controls c = unpack_controls(controls)
@@ -893,7 +894,7 @@ cdef object verify_plain(cnp.ndarray target_rows, cnp.ndarray draft_tokens, obje
 
 
 def verify(target_rows, draft_tokens, draft_weights, draft_laws, bint bonus, object controls,
-           object rng, Workspace work, block=False):
+           object rng, Workspace work not None, block=False):
     """Compiled twin of ``specdec._fallback.verify``, whose docstring _backend copies."""
     if plain_verify_args(target_rows, draft_tokens, draft_weights, draft_laws, block,
                          work.vocab_size):
@@ -1083,7 +1084,7 @@ cdef object verify_tree_with_target(const target_logit_t[:, ::1] target_rows,
 
 
 def verify_tree(target_rows, draft_tokens, parents, draft_weights, draft_laws,
-                object controls, object rng, Workspace work, path_out):
+                object controls, object rng, Workspace work not None, path_out):
     """Compiled twin of ``specdec._fallback.verify_tree``, whose docstring _backend copies."""
     check_tree_args(target_rows, draft_tokens, parents, draft_weights, draft_laws, path_out,
                     work.vocab_size)

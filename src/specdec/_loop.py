@@ -16,7 +16,6 @@ output law.
 
 from __future__ import annotations
 
-import time
 from typing import NamedTuple
 
 import numpy as np
@@ -112,11 +111,13 @@ def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan,
     policy, stats, names = plan.policy, run.stats, chain.names
     work = None  # this run's buffers, made once the vocabulary is known
     chain.start(run.sequence())
+    # a draft model alone has no drafter to ask first
+    draft_step = _draft_from_model if draft is not None and not chain.drafters else _draft
     while run.length < run.limit:
         start = run.length
         max_tokens = min(plan.max_tokens, run.limit - start)
         run.reserve(start + max_tokens + 1)
-        step, work = _draft(
+        step, work = draft_step(
             run, start, max_tokens, chain=chain, draft=draft, target=target, plan=plan,
             rng=rng, work=work, eos=eos,
         )  # fmt: skip
@@ -137,8 +138,10 @@ def speculate(run: Run, *, chain: Chain, draft, target: ModelCaller, plan: Plan,
                 names[step.source] if step.n_draft else None, step.n_draft, n_kept, new
             )
             _observe_chain(policy, step, n_kept, token, seconds)
-        chain.extend(run.sequence(), new)
-        yield from _pause(run, start)
+        if chain.drafters:
+            chain.extend(run.sequence(), new)
+        yield run.pause(start)
+        run.resume()
         if eos is not None and run.tokens[run.length - 1] == eos:
             break
 
@@ -151,9 +154,7 @@ def _draft(run, start, max_tokens, *, chain, draft, target, plan, rng, work, eos
     """
     policy = plan.policy
     candidates = None
-    if not chain.drafters:  # a draft model alone
-        proposal = _NO_PROPOSAL
-    elif plan.tree_width:
+    if plan.tree_width:
         candidates = chain.propose_candidates(run.sequence(), max_tokens, plan.tree_width)
         proposal = candidates[0] if candidates else _NO_PROPOSAL
     else:
@@ -252,7 +253,8 @@ def _chain_pass(run, start, step, *, names, draft, target, plan, rng, work, eos)
         controls=plan.controls,
         rng=rng,
         workspace=work,
-        name_row=target.row_namer(start - 1),
+        name_row=target.name_row,
+        first_row=start - 1,
     )
     return _append(run, start, n_kept, token), n_kept, token, seconds, work
 
@@ -379,14 +381,6 @@ def _tree_pass(run, start, step: Drafted, *, name, draft, target, plan, rng, wor
     return _append(run, start, n_kept, token), n_kept, token, nodes[path], seconds, work
 
 
-def _pause(run: Run, start: int):
-    """Yield the tokens made final since ``start``; the consumer's time is not counted."""
-    run.pause_started = time.perf_counter()
-    yield run.ids[0, start : run.length]
-    run.paused += time.perf_counter() - run.pause_started
-    run.pause_started = None
-
-
 def sample_plainly(run: Run, *, target: ModelCaller, verifier: Verifier, controls, rng, eos):
     """Plain sampling's loop over a checked run: one target pass, one token, yielded."""
     work = None
@@ -400,11 +394,13 @@ def sample_plainly(run: Run, *, target: ModelCaller, verifier: Verifier, control
             controls=controls,
             rng=rng,
             workspace=work,
-            name_row=target.row_namer(run.length - 1),
+            name_row=target.name_row,
+            first_row=run.length - 1,
         )
         run.tokens[run.length] = token
         run.length += 1
         run.stats.record_step(None, 0, 0, 1)
-        yield from _pause(run, run.length - 1)
+        yield run.pause(run.length - 1)
+        run.resume()
         if token == eos:
             break

@@ -114,9 +114,14 @@ def draft_from_model(
             # one dtype per model (ModelCaller checks it): one reservation per step
             dtype = row.dtype
             laws, weights = work.draft_rows(n_rows, dtype)
-        name_row = draft.row_namer(position - 1)
         token = verifier.sample(
-            row, slot=n_draft, controls=controls, rng=rng, workspace=work, name_row=name_row
+            row,
+            slot=n_draft,
+            controls=controls,
+            rng=rng,
+            workspace=work,
+            name_row=draft.name_row,
+            first_row=position - 1,
         )
         if p_min > 0.0 and controls.temperature > 0.0:
             if float(weights[n_draft].max()) / laws[n_draft]["total"] < p_min:
@@ -132,7 +137,8 @@ def draft_from_model(
                         controls=controls,
                         rng=rng,
                         workspace=work,
-                        name_row=name_row,
+                        name_row=draft.name_row,
+                        first_row=position - 1,
                     )
                 )
                 next_slot += 1

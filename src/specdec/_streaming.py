@@ -76,6 +76,19 @@ class Run:
         readonly = np.frombuffer(memoryview(tokens).toreadonly(), dtype=np.int64)
         self.ids = readonly[np.newaxis, :]
 
+    def pause(self, start: int) -> np.ndarray:
+        """The tokens made final since ``start``, for a loop to yield; stops the clock.
+
+        The consumer's time, until :meth:`resume`, is not the decoder's.
+        """
+        self.pause_started = time.perf_counter()
+        return self.ids[0, start : self.length]
+
+    def resume(self) -> None:
+        """Restart the clock after the consumer took a pass's tokens."""
+        self.paused += time.perf_counter() - self.pause_started
+        self.pause_started = None
+
     def sequence(self) -> np.ndarray:
         """The kept sequence, as a read-only 1-D view (for drafters)."""
         return self.ids[0, : self.length]

@@ -32,7 +32,8 @@ from specdec._common import LAW_DTYPE, InvalidLogitsError
 
 __all__ = ["Draft", "RowNamer", "Verifier", "StreamBuffers", "verifier_for"]
 
-#: ``namer(row, reason) -> message``: the user's error for kernel row ``row``.
+#: ``namer(row, reason) -> message``: the user's error for row ``row``: the kernel's
+#: row index within the block it was given, plus the call's ``first_row``.
 RowNamer = Callable[[int, str], str]
 
 
@@ -159,7 +160,15 @@ class Verifier:
     # -- the kernels ---------------------------------------------------------------------
 
     def sample(
-        self, row, *, slot: int, controls, rng, workspace: StreamBuffers, name_row: RowNamer
+        self,
+        row,
+        *,
+        slot: int,
+        controls,
+        rng,
+        workspace: StreamBuffers,
+        name_row: RowNamer,
+        first_row: int = 0,
     ) -> int:
         """Draw one token from ``row``; its law and weights go to draft row ``slot``.
 
@@ -171,10 +180,18 @@ class Verifier:
                 row, controls, rng, laws[slot : slot + 1], weights[slot], workspace.kernel_work
             )
         except InvalidLogitsError as error:
-            raise ValueError(name_row(error.row, error.reason)) from None
+            raise ValueError(name_row(first_row + error.row, error.reason)) from None
 
     def draft_of_rows(
-        self, ids, rows, *, controls, workspace: StreamBuffers, name_row: RowNamer, parents=None
+        self,
+        ids,
+        rows,
+        *,
+        controls,
+        workspace: StreamBuffers,
+        name_row: RowNamer,
+        first_row: int = 0,
+        parents=None,
     ) -> Draft:
         """The draft record of ids drawn from the laws of logits ``rows`` (n, V).
 
@@ -186,7 +203,7 @@ class Verifier:
         try:
             self.kernels.row_laws(rows, controls, laws[:n], weights[:n], workspace.kernel_work)
         except InvalidLogitsError as error:
-            raise ValueError(name_row(error.row, error.reason)) from None
+            raise ValueError(name_row(first_row + error.row, error.reason)) from None
         return Draft(ids, weights, laws, parents)
 
     def verify(
@@ -200,6 +217,7 @@ class Verifier:
         rng,
         workspace: StreamBuffers,
         name_row: RowNamer,
+        first_row: int = 0,
     ) -> tuple[int, int]:
         """Verify a chain of drafts against the target's ``n + 1`` rows.
 
@@ -220,7 +238,7 @@ class Verifier:
                 block,
             )
         except InvalidLogitsError as error:
-            raise ValueError(name_row(error.row, error.reason)) from None
+            raise ValueError(name_row(first_row + error.row, error.reason)) from None
 
     def verify_tree(
         self,
@@ -231,6 +249,7 @@ class Verifier:
         rng,
         workspace: StreamBuffers,
         name_row: RowNamer,
+        first_row: int = 0,
     ) -> tuple[np.ndarray, int]:
         """Verify a tree of drafts (``draft.parents``) against the target's ``n + 1`` rows.
 
@@ -253,7 +272,7 @@ class Verifier:
                 path,
             )
         except InvalidLogitsError as error:
-            raise ValueError(name_row(error.row, error.reason)) from None
+            raise ValueError(name_row(first_row + error.row, error.reason)) from None
         return path[:depth], int(token)
 
 
