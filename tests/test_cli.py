@@ -1081,3 +1081,22 @@ def test_demo_smollm2_default_task_is_one_where_drafting_pays(
     assert "streamed as it is made ---\n" + demo.DEFAULT_TASK in out
     assert out.count("why faster:") + out.count("why not") == 1
     assert runs.CALIBRATION_MESSAGE in err.splitlines()
+
+
+# -- long prompts through the CLI ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("draft", ["suffix", "lookup"])
+def test_cli_bounds_a_long_prompt_of_the_demo_models_with_one_line(capsys, monkeypatch, draft):
+    import io
+
+    from specdec import cli
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("x" * 1_000_000))  # 1 MB on stdin
+    code = cli.main(["generate", "--model", "toy", "--draft", draft])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "at most 32768" in err
+    code = cli.main(["generate", "--model", "toy", "--prompt", "y" * 40_000])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "at most 32768" in err

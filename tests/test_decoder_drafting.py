@@ -3,7 +3,7 @@
 A deterministic drafter proposes one-hot drafts; the decoder keeps a drafted token x
 with probability p(x) and on a rejection draws from p without x.  These tests check,
 on both backends and both verification schemes, that the output law is the target's
-exactly (enumeration and pooled chi-square, as in test_exact_law.py), that greedy
+exactly (enumeration and pooled chi-square, as in test_decoder_law.py), that greedy
 decoding is the target's argmax decoding whatever the drafter, and that the
 draft-length policy cannot change the law: it sees only what is known before the
 target pass.

@@ -24,7 +24,8 @@ from conftest import require_module, require_smollm2
 from law_models import ContextModel
 
 import specdec
-from specdec import SpeculativeDecoder
+from specdec import SpeculativeDecoder, TextStream
+from specdec._detokenize import IncrementalDetokenizer
 from specdec.drafters import Chain, NGram, PromptLookup
 from specdec.drafters.cost import DEFAULT_COST_CURVE
 from specdec.models._cached import PrefixCachedModel
@@ -481,3 +482,103 @@ def test_llama_ctrl_c_inside_a_decode_then_continuing_the_text(backend, smollm2_
         PromptLookup(), fresh, follow[0], 20
     )
     assert ids == expected
+
+
+# -- TextStream and detokenize ---------------------------------------------------------------
+
+TEXT = "héllo wörld, 日本語 ✓ done"
+
+
+def _bytes_of(ids) -> bytes:
+    return bytes(int(t) for t in ids)
+
+
+def _text_of(ids) -> str:
+    return _bytes_of(ids).decode("utf-8", errors="replace")
+
+
+class ByteEcho:
+    """A target that greedily writes TEXT's UTF-8 bytes after a 1-token prompt, then 0s."""
+
+    vocab_size = 256
+
+    def __init__(self):
+        self.script = list(TEXT.encode("utf-8")) + [0] * 64
+
+    def forward(self, ids):
+        ids = np.asarray(ids)[0]
+        logits = np.zeros((len(ids), 256))
+        for i in range(len(ids)):
+            logits[i, self.script[min(i, len(self.script) - 1)]] = 9.0
+        return logits[None]
+
+
+def _stream(backend, detokenize, stop_ids=(0,)):
+    decoder = SpeculativeDecoder(temperature=0.0, backend=backend)
+    tokens = decoder.stream(PromptLookup(), ByteEcho(), [1], 60)
+    return TextStream(tokens, detokenize, stop_ids)
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray])
+def test_detokenize_may_return_bytes_like_llama_cpp(backend, kind):
+    as_bytes = _stream(backend, lambda ids: kind(_bytes_of(ids)))
+    pieces = list(as_bytes)
+    as_text = _stream(backend, _text_of)
+    assert pieces == list(as_text)  # decoded incrementally exactly as text is
+    assert as_bytes.text == TEXT and all("\ufffd" not in p for p in pieces)
+
+
+@pytest.mark.parametrize("bad", [None, 5, [1, 2], 2.5, {"a": 1}])
+def test_detokenize_returning_something_else_names_detokenize(backend, bad):
+    stream = _stream(backend, lambda ids: bad)
+    with pytest.raises(TypeError, match="detokenize must return str or bytes"):
+        stream.read()
+
+
+@pytest.mark.parametrize("bad", [None, 5, "decode"])
+def test_textstream_refuses_a_detokenize_that_is_not_callable_before_any_pass(backend, bad):
+    target = ByteEcho()
+    calls = []
+    target.forward = lambda ids, forward=target.forward: calls.append(1) or forward(ids)
+    tokens = SpeculativeDecoder(temperature=0.0, backend=backend).stream(
+        PromptLookup(), target, [1], 10
+    )
+    with pytest.raises(TypeError, match="detokenize must be a callable"):
+        TextStream(tokens, bad)
+    assert calls == []
+    with pytest.raises(TypeError, match="detokenize must be a callable"):
+        IncrementalDetokenizer(bad)
+
+
+def test_textstream_refuses_what_is_not_a_token_stream():
+    with pytest.raises(TypeError, match="tokens must be a specdec.TokenStream"):
+        TextStream([np.array([1, 2])], _text_of)
+
+
+@pytest.mark.parametrize(
+    "stop_ids, error",
+    [
+        ([29.5], TypeError),  # it used to become 29: the text ended early
+        ([10**30], ValueError),
+        ([-1], ValueError),
+        (None, TypeError),
+        (5, TypeError),
+        ("ab", TypeError),
+        (b"ab", TypeError),
+        ([None], TypeError),
+        ([True], TypeError),
+        ([np.float64(3.0)], TypeError),
+    ],
+)
+def test_bad_stop_ids_name_stop_ids(backend, stop_ids, error):
+    with pytest.raises(error, match="stop_ids"):
+        _stream(backend, _text_of, stop_ids)
+    with pytest.raises(error, match="stop_ids"):
+        IncrementalDetokenizer(_text_of, stop_ids=stop_ids)
+
+
+def test_good_stop_ids_of_any_int_type_stop_the_text(backend):
+    stop = TEXT.encode("utf-8")[6]
+    for stop_ids in ([np.int64(stop)], (stop, 2**63 - 1), {stop}, np.array([stop])):
+        stream = _stream(backend, _text_of, stop_ids)
+        assert stream.read() == "héllo" and stream.stopped

@@ -14,6 +14,7 @@ import pytest
 from law_models import ContextModel
 
 import specdec
+from specdec import SpeculativeDecoder
 from specdec.drafters import SuffixDrafter
 from specdec.drafters._trie import ROOT, SuffixTrie
 
@@ -207,3 +208,88 @@ def test_greedy_with_the_suffix_drafter_is_the_targets_argmax_over_requests(back
         kept.append(stats.total_draft_tokens_accepted)
     assert drafter.cached_requests == 3
     assert kept[2] > 0  # the third request repeats the first: drafted from its output
+
+
+# -- SuffixDrafter: every parameter has a range that works ------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, name",
+    [
+        ({"max_spec_factor": 1e308}, ValueError, "max_spec_factor"),
+        ({"max_spec_factor": 1025}, ValueError, "max_spec_factor"),
+        ({"max_spec_factor": -1}, ValueError, "max_spec_factor"),
+        ({"max_spec_factor": float("inf")}, TypeError, "max_spec_factor"),
+        ({"max_spec_factor": "2"}, TypeError, "max_spec_factor"),
+        ({"max_spec_offset": 1e308}, ValueError, "max_spec_offset"),
+        ({"max_spec_offset": -1e308}, ValueError, "max_spec_offset"),
+        ({"max_spec_offset": float("nan")}, TypeError, "max_spec_offset"),
+        ({"num_tokens": 10**30}, ValueError, "num_tokens"),
+        ({"num_tokens": 1025}, ValueError, "num_tokens"),
+        ({"num_tokens": 2.0}, TypeError, "num_tokens"),
+        ({"max_depth": 10**30}, ValueError, "max_depth"),
+        ({"max_cached_requests": 10**30}, ValueError, "max_cached_requests"),
+        ({"max_cached_tokens": 10**30}, ValueError, "max_cached_tokens"),
+        ({"max_cached_tokens": -1}, ValueError, "max_cached_tokens"),
+        ({"max_indexed_tokens": 10**30}, ValueError, "max_indexed_tokens"),
+        ({"max_indexed_tokens": 47}, ValueError, "max_indexed_tokens"),  # < 2 * max_depth
+        ({"max_indexed_tokens": None}, TypeError, "max_indexed_tokens"),
+        ({"min_probability": 1.5}, ValueError, "min_probability"),
+    ],
+)
+def test_suffix_parameters_out_of_range_are_refused(kwargs, error, name):
+    with pytest.raises(error, match=name):
+        SuffixDrafter(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"max_spec_factor": 1024.0, "max_spec_offset": 1024.0},  # the largest accepted
+        {"max_spec_factor": 0.0, "max_spec_offset": 3.0},
+        {"max_spec_factor": 1.0, "max_spec_offset": -1024.0},  # never drafts: fine
+        {"num_tokens": 1024, "max_depth": 256, "min_probability": 0.0},
+        {"max_cached_requests": 0, "max_cached_tokens": 0, "max_indexed_tokens": 48},
+    ],
+)
+def test_suffix_parameters_at_their_bounds_work_in_the_decoder(backend, kwargs):
+    target = ContextModel(6, seed=31, dtype=np.float32)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    expected, _ = specdec.sample(target, prompt, 30, temperature=0.0, backend=backend)
+    drafter = SuffixDrafter(**kwargs)
+    decoder = SpeculativeDecoder(temperature=0.0, backend=backend)
+    for _ in range(2):
+        assert decoder.generate(drafter, target, prompt, 30)[0] == expected
+    drafter.propose_candidates(np.array(prompt), 16, 4)  # the tree's walk too
+
+
+# -- SuffixDrafter: bounded memory per request ----------------------------------------------
+
+
+def test_a_long_prompt_is_indexed_from_its_last_tokens():
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 50_000, size=20_000)
+    drafter = SuffixDrafter(max_depth=8, max_indexed_tokens=1_000)
+    drafter.start(prompt)
+    assert drafter.indexed_tokens == 500  # the last max_indexed_tokens // 2
+    request = drafter._request()
+    assert request.local.n_nodes <= 1 + 500 * 8
+    # a repeat of the recent text is drafted from; one of the forgotten start is not
+    recent = np.concatenate([prompt, prompt[-300:-290]])
+    proposal = drafter.propose(recent, 8).tolist()
+    assert proposal and proposal == prompt[-290 : -290 + len(proposal)].tolist()
+    early = np.concatenate([prompt, prompt[100:110]])
+    assert drafter.propose(early, 8).tolist() == []  # forgotten: ids of 50,000 never recur
+
+
+def test_decoding_past_the_bound_stays_exact_and_bounded(backend):
+    target = ContextModel(6, seed=31, dtype=np.float32)
+    prompt = np.tile([1, 2, 3, 4, 5], 30).tolist()
+    expected, _ = specdec.sample(target, prompt, 200, temperature=0.0, backend=backend)
+    drafter = SuffixDrafter(max_depth=8, max_indexed_tokens=64)
+    decoder = SpeculativeDecoder(temperature=0.0, backend=backend)
+    ids, stats = decoder.generate(drafter, target, prompt, 200)
+    assert ids == expected
+    assert drafter.indexed_tokens <= 64
+    assert drafter._request().local.n_nodes <= 1 + 64 * 8
+    assert stats.total_draft_tokens_accepted > 0

@@ -400,3 +400,39 @@ def test_transformers_tokenizer_template(backend):
     new = plain[len(ids) :]
     new = new[: new.index(257)] if 257 in new else new
     assert isinstance(text, str) and text == tokenizer.decode(new)
+
+
+# -- chat messages with text no tokenizer can encode ------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["role", "content"])
+def test_a_lone_surrogate_is_refused_naming_the_message(where):
+    messages = [{"role": "user", "content": "fine"}, {"role": "user", "content": "ok"}]
+    messages[1][where] = "bad \ud800 text"
+    with pytest.raises(ValueError, match=rf"messages\[1\]\['{where}'\] is not valid Unicode"):
+        check_messages(messages)
+
+
+class SurrogateCheckingAdapter:
+    """A chat adapter whose encode_chat goes through the shared check (as both do)."""
+
+    vocab_size = 256
+
+    def encode_chat(self, messages):
+        check_messages(messages)
+        raise AssertionError("unreachable: the check refuses first")
+
+    stop_token_ids = [0]
+
+    def detokenize(self, ids):
+        return bytes(int(t) for t in ids).decode("utf-8", errors="replace")
+
+    def forward(self, ids):
+        raise AssertionError("no pass before the check")
+
+
+def test_chat_with_a_lone_surrogate_is_a_clear_error(backend):
+    decoder = SpeculativeDecoder(temperature=0.0, backend=backend)
+    chat = [{"role": "system", "content": "x"}, {"role": "user", "content": "\udcff"}]
+    with pytest.raises(ValueError, match=r"messages\[1\]\['content'\]"):
+        decoder.chat(SurrogateCheckingAdapter(), chat)

@@ -8,7 +8,7 @@ kernel as logits or probabilities).  The target scores every node's context;
 ``verify_tree`` keeps a path and draws the next token; the run then continues from
 the target's exact law up to ``n_tokens`` new tokens (the deepest tree emits them
 all).  The outcomes' law must be the target's joint law of ``n_tokens`` tokens
-(``enumerate_joint_law``), compared by the pooled chi-square of test_exact_law.py
+(``enumerate_joint_law``), compared by the pooled chi-square of test_decoder_law.py
 (cells of expectation < 5 pooled, p > ALPHA = 1e-3, no outcome of probability 0),
 with fixed seeds: each test is deterministic.  Only a change to the stream of
 uniforms re-draws the outcomes; then each of the 17 chi-square tests here fails by

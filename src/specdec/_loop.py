@@ -248,7 +248,7 @@ def _chain_pass(run, start, step, *, names, draft, target, plan, rng, work, eos)
         record,
         bonus=bonus,
         # One-hot drafts keep exactly as many tokens in expectation under both
-        # schemes (tests/test_block.py), and token verification costs less.
+        # schemes (tests/test_kernels_block.py), and token verification costs less.
         block=plan.block and not record.one_hot,
         controls=plan.controls,
         rng=rng,

@@ -5,7 +5,7 @@ tree in one call (``forward_tree``) make the decoder verify a tree of one-hot dr
 with ``verify_tree``.  These tests check, on both backends:
 
 * the output law is the target's exactly, by enumeration and the pooled chi-square of
-  test_exact_law.py, under several sampling controls, with trees of several shapes
+  test_decoder_law.py, under several sampling controls, with trees of several shapes
   (the drafter's candidates depend on the context, some likely, some impossible);
 * the same statistic rejects a decoder whose tree verifier is wrong (it draws the
   next token from p after rejections instead of from p without the rejected tokens):

@@ -8,7 +8,7 @@
   pooled chi-square of ``law_models``; no outcome of probability 0 may occur.
 * **Block verification with model drafts** goes through the decoder
   (``verification="block"``, the default); its exact-law tests are the ones of
-  test_exact_law.py and test_controls_law.py, which run both schemes.
+  test_decoder_law.py and test_decoder_controls_law.py, which run both schemes.
 * **Power**: the same statistic, same runs, rejects a one-hot sampler that keeps
   every draft (p < POWER_ALPHA).
 * **Expected kept tokens, exactly**: for small models, E[tokens kept per call] is
@@ -22,11 +22,11 @@
   kept length over many calls matches the exact block expectation within 5
   standard errors (so the kernel is the algorithm whose expectation was computed).
 * **Greedy** under block verification is the target's argmax decoding
-  (test_greedy.py runs both schemes), and **bad arguments** fail clearly.
+  (test_decoder_greedy.py runs both schemes), and **bad arguments** fail clearly.
 
 False alarms: each chi-square test is seeded and deterministic; a change in the
 stream of uniforms re-draws it, and then each fails by chance with probability
-ALPHA = 1e-3 (see test_exact_law.py).
+ALPHA = 1e-3 (see test_decoder_law.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ min-p, renormalised -- ``law_models.warped_probs`` is the oracle and
 ``N_RUNS`` seeded generations on both backends and compares the joint law of the
 first new tokens with Pearson's chi-square, cells of expectation < 5 pooled, and
 asserts p > ALPHA = 1e-3 (deterministic: one fixed-seed Generator per test; see
-test_exact_law.py for the false-alarm rate) and that no outcome of probability 0
+test_decoder_law.py for the false-alarm rate) and that no outcome of probability 0
 occurs.  ``test_no_token_outside_the_warped_support`` checks every token of longer
 generations against the warped support of its own context.
 

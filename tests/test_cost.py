@@ -1,4 +1,7 @@
-"""The cost curve follows reality (issue 29).
+"""Cost curves (``specdec.drafters.cost``): checked where given, and following reality.
+
+Every curve, wherever it is given, needs at least 2 points (the last tests).  The
+rest is issue 29:
 
 Under load, an adapter's one calibration measured a 2-token pass at 158 one-token
 passes, and the policy never drafted again in that process.  Two defences, tested with
@@ -24,7 +27,7 @@ from law_models import ContextModel
 
 import specdec
 from specdec import SpeculativeDecoder
-from specdec.drafters import PromptLookup
+from specdec.drafters import PositionalDraftLength, PromptLookup, SuffixDrafter
 from specdec.drafters.cost import DEFAULT_COST_CURVE, CostCurve, CurveCheck
 from specdec.models import _calibration
 from specdec.models._cached import PrefixCachedModel
@@ -224,3 +227,31 @@ def test_only_a_curve_that_forbids_drafting_is_probed():
         check.curve(base)
         probes[name] = sum(check.probe() for _ in range(4 * CurveCheck.PROBE_EVERY))
     assert probes == {"permits": 0, "forbids": 4}
+
+
+# -- cost curves of fewer than 2 points --------------------------------------------------------
+
+
+@pytest.mark.parametrize("curve", [[1.0], (1,), np.array([1.0]), []])
+def test_curves_of_fewer_than_2_points_are_refused_everywhere(backend, curve):
+    with pytest.raises((ValueError, TypeError), match="at least 2"):
+        CostCurve(curve)
+    with pytest.raises((ValueError, TypeError), match="target_cost"):
+        PositionalDraftLength(target_cost=curve)
+    with pytest.raises(ValueError, match="at least 2"):
+        CostCurve([1.0, 2.0], tree=curve)
+
+    class Target(ContextModel):
+        cost_curve = curve
+
+    decoder = SpeculativeDecoder(temperature=0.0, backend=backend)
+    with pytest.raises(ValueError, match="target_model.cost_curve"):
+        decoder.generate(SuffixDrafter(), Target(6), [1, 2, 1, 2], 5)
+
+
+def test_adapters_refuse_a_one_point_curve():
+    from specdec.models import _calibration
+
+    with pytest.raises(ValueError, match="at least 2"):
+        _calibration.check_cost_curve([1.0])
+    assert _calibration.check_cost_curve([1.0, 1.5]).tolist() == [1.0, 1.5]
