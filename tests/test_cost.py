@@ -27,8 +27,8 @@ from law_models import ContextModel
 
 import specdec
 from specdec import SpeculativeDecoder
-from specdec.drafters import PositionalDraftLength, PromptLookup, SuffixDrafter
-from specdec.drafters.cost import DEFAULT_COST_CURVE, CostCurve, CurveCheck
+from specdec.drafters import Drafter, PositionalDraftLength, PromptLookup, SuffixDrafter
+from specdec.drafters.cost import AFTERMATH_PASSES, DEFAULT_COST_CURVE, CostCurve, CurveCheck
 from specdec.models import _calibration
 from specdec.models._cached import PrefixCachedModel
 
@@ -39,12 +39,16 @@ PROMPT = [1, 2, 3, 4, 5, 1, 2, 3]
 class VirtualClockModel(PrefixCachedModel):
     """ContextModel's logits behind the adapters' cache, its passes timed on a virtual
     clock: a pass over k new tokens costs ``1 + per_token * (k - 1)`` units when
-    decoding, and ``calibration(k, round)`` while a calibration runs (a busy machine)."""
+    decoding, and ``calibration(k, round)`` while a calibration runs (a busy machine);
+    with ``aftermath``, each of the AFTERMATH_PASSES passes after a pass over several
+    tokens costs that much more while decoding (a machine slowed by batches)."""
 
     vocab_size = V
 
-    def __init__(self, per_token=0.1, calibration=None, cost_curve=None):
+    def __init__(self, per_token=0.1, calibration=None, cost_curve=None, aftermath=0.0):
         super().__init__(cost_curve=cost_curve)
+        self.aftermath = aftermath
+        self.slowed = 0  # one-token passes still slowed by the last batch
         self.inner = ContextModel(V, seed=31, dtype=np.float32)
         self.per_token = per_token
         self.calibration = calibration
@@ -70,6 +74,11 @@ class VirtualClockModel(PrefixCachedModel):
             self.clock += self.calibration(k, self.calibrations, self.passes)
         else:
             self.clock += 1.0 + self.per_token * (k - 1)
+            if self.slowed:
+                self.slowed -= 1
+                self.clock += self.aftermath
+            if k > 1:
+                self.slowed = AFTERMATH_PASSES
         self._ids = np.array(seq, dtype=np.int64)
         return self.inner.forward(np.asarray(seq)[None])[:, -n_rows:]
 
@@ -158,6 +167,57 @@ def test_implausibility_states_its_bounds(curve, times, problem):
 # -- (b) decoding corrects a wrong curve from its timed passes ------------------------------
 
 
+def _pass_alone(k, calibration, n):
+    return 1.0 + 0.1 * (k - 1)  # the pass's own time, without the slowdown after it
+
+
+class NowAndThen(Drafter):
+    """Proposes the target's own greedy continuation (all kept) at one position in 25."""
+
+    def __init__(self, continuation):
+        self.continuation = np.asarray(continuation, dtype=np.int64)
+
+    def propose(self, tokens, max_tokens):
+        if len(tokens) % 25:
+            return np.zeros(0, dtype=np.int64)
+        return self.continuation[len(tokens) : len(tokens) + min(max_tokens, 8)].copy()
+
+
+def test_the_slowdown_after_a_batch_is_charged_to_it_and_kept_by_the_model(virtual, backend):
+    # A calibration that timed each pass alone: 1 + 0.1 n for n drafts.  Decoding pays
+    # 3.0 more after each batch (its next 6 passes 0.5 slower): 8 drafts cost 4.7, and
+    # drafting here (4 tokens, all kept, for 4.4) loses against plain decoding.
+    model = virtual(VirtualClockModel(calibration=_pass_alone, aftermath=0.5))
+    expected = _greedy(model, backend, 300)
+    decoder = SpeculativeDecoder(temperature=0.0, backend=backend)
+    ids, stats = decoder.generate(NowAndThen(expected), model, PROMPT, 300)
+    assert ids == expected and stats.total_draft_tokens_proposed > 0
+    calibrated = CostCurve.of_model(model)
+    assert calibrated.drafts(8) == pytest.approx(1.8)
+    fresh = PositionalDraftLength()  # a new policy (a new decoder) on the same model
+    fresh.start(16, CostCurve.of_model(model))
+    # kept by the adapter's check: the curve's extra cost over one token scaled by what
+    # the timed passes showed (a constant slowdown per batch is charged to long drafts
+    # in proportion: above the true 4.7 here)
+    assert fresh.cost(8) > 4.7
+    given = PositionalDraftLength(target_cost=calibrated.values)  # a curve given: as is
+    given.start(16, CostCurve.of_model(model))
+    assert given.cost(8) == pytest.approx(1.8)
+
+
+def test_without_the_charge_the_check_accepts_the_calibration(virtual, backend, monkeypatch):
+    # Power of the test above: a check that charges each pass its own time only (as
+    # before) accepts the calibrated 1.8.
+    monkeypatch.setattr("specdec.drafters.cost.AFTERMATH_PASSES", 0)
+    model = virtual(VirtualClockModel(calibration=_pass_alone, aftermath=0.5))
+    expected = _greedy(model, backend, 300)
+    decoder = SpeculativeDecoder(temperature=0.0, backend=backend)
+    decoder.generate(NowAndThen(expected), model, PROMPT, 300)
+    fresh = PositionalDraftLength()
+    fresh.start(16, CostCurve.of_model(model))
+    assert fresh.cost(8) < 2.5
+
+
 def _linear(k, calibration, n):
     return float(k)  # plausible (k passes for k tokens) but wrong: decoding costs 1.1 for 2
 
@@ -169,8 +229,8 @@ def test_a_bad_calibration_costs_a_few_steps_not_the_run(virtual, monkeypatch, b
         monkeypatch.setattr(CurveCheck, "probe", lambda self: False)
     model = virtual(VirtualClockModel(per_token=0.1, calibration=_linear))
     decoder = SpeculativeDecoder(temperature=0.0, backend=backend)
-    ids, stats = decoder.generate(PromptLookup(), model, PROMPT, 150)
-    assert ids == _greedy(model, backend, 150)  # exact either way
+    ids, stats = decoder.generate(PromptLookup(), model, PROMPT, 300)
+    assert ids == _greedy(model, backend, 300)  # exact either way
     np.testing.assert_allclose(model.cost_curve[:3], [1.0, 2.0, 3.0])  # the bad curve
     if check:
         assert stats.tokens_per_step > 2.0  # drafting after a few probes
@@ -200,15 +260,25 @@ def test_curve_check_keeps_an_agreeing_curve_and_scales_a_wrong_one():
     base.checkable = True
     check = CurveCheck()
     assert check.curve(base) is base
+
+    def drafted_pass(seconds, after=1.0):
+        check.record(1, seconds)
+        for _ in range(AFTERMATH_PASSES):  # the passes it is charged for
+            check.record(0, after)
+
     for _ in range(CurveCheck.SAMPLES):
-        check.record(0, 1.0)
-        check.record(1, 1.8)  # 1.8 against 2.0: within the tolerance
+        check.record(0, 1.0)  # steady one-token passes
+    for _ in range(CurveCheck.SAMPLES):
+        drafted_pass(1.8)  # 1.8 against 2.0: within the tolerance
     assert check.curve(base) is base and not check.probe()
     for _ in range(CurveCheck.WINDOW):
-        check.record(1, 1.2)  # 1.2 against 2.0: off by more than 1.5x
+        drafted_pass(1.2)  # 1.2 against 2.0: off by more than 1.25x
     corrected = check.curve(base)
     assert corrected is not base
     np.testing.assert_allclose(corrected.values, [1.0, 1.2, 1.4, 1.6])
+    for _ in range(CurveCheck.WINDOW):
+        drafted_pass(1.2, after=1.3)  # the passes after it slowed: 1.2 + 6 x 0.3 = 3.0
+    np.testing.assert_allclose(check.curve(base).values, [1.0, 3.0, 5.0, 7.0])
     given = CostCurve([1.0, 2.0])  # not checkable (a user's): as is
     assert check.curve(given) is given
     for bad in (float("nan"), float("inf"), -1.0, 0.0):

@@ -36,6 +36,7 @@ import threading
 import numpy as np
 
 __all__ = [
+    "AFTERMATH_PASSES",
     "DEFAULT_COST_CURVE",
     "CostCurve",
     "CurveCheck",
@@ -44,6 +45,15 @@ __all__ = [
     "chosen_cost",
     "suffix_minima",
 ]
+
+#: One-token passes after a pass over several tokens that are charged to it.  A batch
+#: slows the passes after it for a while (llama.cpp on two threads, 2026-12-05,
+#: SmolLM2 on an Intel Xeon VM: the first one-token pass after a batch of 16 took
+#: 1.9x a steady one, the 4th 1.3x, the 8th 1.03x; 1 to 2.5 passes' worth in all,
+#: varying with the machine's state), so its cost is its own time plus that
+#: slowdown.  The calibration (``specdec.models``) and :class:`CurveCheck` both
+#: charge this many passes.
+AFTERMATH_PASSES = 6
 
 #: Relative cost of a pass over 1..16 tokens, measured here for SmolLM2-135M in llama.cpp
 #: on a 2-core CPU with one batch thread (docs NOTES section 5): the pessimistic case, so
@@ -78,11 +88,12 @@ class CostCurve:
     1.0
     """
 
-    __slots__ = ("_values", "_slope", "_resolve", "_tables", "_tree", "checkable")
+    __slots__ = ("_values", "_slope", "_resolve", "_tables", "_tree", "checkable", "check")
 
     def __init__(self, values, name: str = "cost curve", tree=None) -> None:
         self._resolve = None
         self.checkable = False  # a model's measured curve, which a policy checks
+        self.check = None  # the model's CurveCheck, shared by its policies (None: none)
         self._set(check_cost_curve(values, name))
         self._tree = None if tree is None else CostCurve(tree, f"{name} of trees")
 
@@ -111,6 +122,8 @@ class CostCurve:
         curve = cls.__new__(cls)
         curve._values = curve._tables = None
         curve.checkable = False
+        check = getattr(model, "cost_check", None)
+        curve.check = check if isinstance(check, CurveCheck) else None
         curve._resolve = lambda: _model_curve(model)
         curve._tree = lambda: _model_tree_curve(model)  # read at the first tree's cost
         return curve
@@ -278,14 +291,19 @@ def _model_curve(model) -> CostCurve:
 
 
 class CurveCheck:
-    """A model's cost curve checked against the passes the run times, and corrected.
+    """A model's cost curve checked against the passes decoding times, and corrected.
 
     A curve measured once (an adapter's calibration) can be wrong for the whole
     process: measured while another process held the CPU, a pass over two tokens once
-    came out at 158 one-token passes, and a policy trusting it never drafted again.
-    So the policy records every timed pass (:meth:`record`) and, once at least
-    :attr:`SAMPLES` passes of one token and :attr:`SAMPLES` of some draft length are
-    timed, compares the medians of the latest :attr:`WINDOW` of each with the curve.
+    came out at 158 one-token passes, and a policy trusting it never drafted again;
+    on another machine batches slowed the one-token passes after them by more than the
+    calibration saw, and drafts that did not pay cost 10% at temperature 0.7.  So the
+    policies record every timed pass (:meth:`record`): a drafted pass is charged its
+    own time plus the slowdown of the :data:`AFTERMATH_PASSES` one-token passes after
+    it (their time above the median of the steady ones, which are the one-token
+    passes outside such a window), and once at least :attr:`SAMPLES` steady passes
+    and :attr:`SAMPLES` of some draft length are recorded, the medians of the latest
+    :attr:`WINDOW` of each are compared with the curve.
     When a measured cost is more than :attr:`TOLERANCE` times off the curve's (either
     way), the curve's extra cost over a one-token pass is scaled by the median ratio
     of the measured extras to the curve's (the curve's shape kept, its level taken
@@ -300,15 +318,20 @@ class CurveCheck:
     cost (a 2-token pass is 1.6x a 1-token one with llama.cpp on all cores: five
     probes per request lost 3% on open text).
 
-    One check may serve several threads (its state is guarded by a lock).
+    An adapter that measures its curve keeps one check for every policy decoding
+    with it (``cost_check``), so that what one request's passes showed serves the
+    next; one check may serve several threads (its state is guarded by a lock).
     """
 
     #: Timed passes of a length before it is compared.
     SAMPLES = 5
     #: The latest passes kept per length (their median is the measured time).
     WINDOW = 15
+    #: Passes over more drafts than this are not drafts (a prompt): not recorded, and
+    #: the passes they slow are not steady ones.
+    LONGEST = 64
     #: A measured cost this many times above or below the curve's is a disagreement.
-    TOLERANCE = 1.5
+    TOLERANCE = 1.25
     #: While unchecked, one proposal in this many that the policy declined is drafted.
     PROBE_EVERY = 4
     #: A curve whose best rate (tokens per cost of a draft always kept) is below this
@@ -324,6 +347,7 @@ class CurveCheck:
         self._records = 0
         self._computed = 0  # self._records when _corrected was computed
         self._declined = 0
+        self._aftermath = None  # [drafts, seconds charged, passes still to charge]
 
     def __getstate__(self) -> dict:
         with self._lock:
@@ -336,15 +360,40 @@ class CurveCheck:
         self._lock = threading.Lock()
 
     def record(self, n_drafts: int, seconds: float) -> None:
-        """Add one timed pass that verified ``n_drafts`` drafts (a chain)."""
+        """Add one timed pass that verified ``n_drafts`` drafts (a chain), in order."""
         if not (isinstance(seconds, float) and 0.0 < seconds < math.inf):
             return
         with self._lock:
-            times = self._times.get(n_drafts)
-            if times is None:
-                times = self._times[n_drafts] = collections.deque(maxlen=self.WINDOW)
-            times.append(seconds)
-            self._records += 1
+            aftermath = self._aftermath
+            if aftermath is not None:
+                if n_drafts == 0:  # one of the passes the drafted pass slowed
+                    steady = self._times.get(0)
+                    if steady:
+                        aftermath[1] += seconds - statistics.median(steady)
+                    aftermath[2] -= 1
+                    if aftermath[2] == 0:
+                        self._add(aftermath[0], aftermath[1])
+                        self._aftermath = None
+                    return
+                self._add(aftermath[0], aftermath[1])  # cut short by the next draft
+                self._aftermath = None
+            if n_drafts == 0:
+                self._add(0, seconds)
+            else:
+                drafts = n_drafts if n_drafts <= self.LONGEST else None
+                if AFTERMATH_PASSES > 0:
+                    self._aftermath = [drafts, seconds, AFTERMATH_PASSES]
+                else:
+                    self._add(drafts, seconds)
+
+    def _add(self, n_drafts: int | None, seconds: float) -> None:
+        if n_drafts is None:  # a prompt's pass
+            return
+        times = self._times.get(n_drafts)
+        if times is None:
+            times = self._times[n_drafts] = collections.deque(maxlen=self.WINDOW)
+        times.append(seconds)
+        self._records += 1
 
     def _ready(self) -> bool:
         times = self._times
@@ -357,6 +406,8 @@ class CurveCheck:
         with self._lock:
             if self._base is None or not self._forbids or self._ready():
                 return False
+            if self._aftermath is not None:  # the last probe's passes are still charged
+                return False
             self._declined += 1
             return self._declined % self.PROBE_EVERY == 0
 
@@ -366,9 +417,9 @@ class CurveCheck:
         Only a curve an adapter measured (``base.checkable``) is checked; a curve the
         user gave (to the policy or the adapter) is taken as is.
         """
+        values = base.values  # resolves a model's curve, and with it ``checkable``
         if not base.checkable:
             return base
-        values = base.values
         with self._lock:
             if values != self._base:  # another model's curve: its timings start afresh
                 self._base, self._corrected = values, None
@@ -376,6 +427,7 @@ class CurveCheck:
                 self._forbids = best < self.PROBED_BELOW
                 self._times.clear()
                 self._records = self._computed = self._declined = 0
+                self._aftermath = None
             if self._records != self._computed and self._ready():
                 self._computed = self._records
                 self._corrected = self._correction(base)
@@ -400,6 +452,7 @@ class CurveCheck:
 
         corrected = CostCurve(scaled(base.values), "corrected cost curve")
         corrected.checkable = True
+        corrected.check = base.check
         corrected._tree = lambda: (
             None
             if base.tree is None

@@ -165,11 +165,15 @@ class PositionalDraftLength(DraftLengthPolicy):
         )
 
     def reset(self) -> None:
-        """Forget every observation (acceptance, offsets, idle counts and timed passes)."""
+        """Forget every observation (acceptance, offsets, idle counts, own timed passes).
+
+        The timed passes of an adapter's ``cost_check`` are the model's, kept.
+        """
         self._cells: dict = {}  # (source, evidence, position) -> Tally
         self._offsets: dict = {}  # source -> log-odds offset of its priors
         self._idle: dict = {}  # (source, evidence) -> proposals since the last draft
-        self._check = CurveCheck()  # the model's curve against the timed passes
+        self._own_check = CurveCheck()  # the curve against the timed passes...
+        self._check = self._own_check  # ... or the target adapter's (see start)
         self.trees = TreeSelector()  # trees of candidates, and their alternatives' cells
 
     def start(self, max_tokens: int, target_cost=None) -> None:
@@ -184,6 +188,9 @@ class PositionalDraftLength(DraftLengthPolicy):
         """
         self._max = max_tokens
         self._cost = chosen_cost(self.target_cost, target_cost)
+        # an adapter's check serves every policy decoding with it: what earlier
+        # requests' passes showed is known from this request's first step
+        self._check = self._cost.check or self._own_check
 
     def _bucket(self, evidence: int) -> int:
         """The evidence bucket (its upper end) that ``evidence`` learns in."""
@@ -429,8 +436,8 @@ class PositionalDraftLength(DraftLengthPolicy):
             # a free observation: a key that gets them never needs a paid probe
             self._idle[self.cell_group(key)] = 0
         self.learn(key, outcomes, outcomes)
-        if self.target_cost is None:
-            self._check.record(drafted, target_seconds)
+        if self.target_cost is None and self._check is self._own_check:
+            self._check.record(drafted, target_seconds)  # an adapter's check times itself
 
     def learn(self, key, outcomes, offset_outcomes) -> None:
         """Record draft outcomes in ``key``'s cells, and teach its source's offset.

@@ -17,10 +17,12 @@ read, roll back and extend its cache.
 from __future__ import annotations
 
 import abc
+import time
 from typing import Any
 
 import numpy as np
 
+from specdec.drafters.cost import CurveCheck
 from specdec.models import _calibration
 
 __all__ = ["PrefixCachedModel"]
@@ -86,6 +88,11 @@ class PrefixCachedModel(abc.ABC):
         last :meth:`reset` (a measure of model work; cached tokens are free).
     n_forward_calls : int
         Number of :meth:`forward` calls since creation or the last :meth:`reset`.
+    cost_check : specdec.drafters.cost.CurveCheck or None
+        The check of a measured :attr:`cost_curve` against the passes :meth:`forward`
+        times (all of them, in order), which every draft-length policy decoding with
+        this model reads, so that what one request's passes showed corrects the curve
+        for the next ones; None when the curve was given (it is taken as is).
     """
 
     vocab_size: int
@@ -95,6 +102,7 @@ class PrefixCachedModel(abc.ABC):
         self.n_forward_calls = 0
         self._cost_curve = None if cost_curve is None else _calibration.check_cost_curve(cost_curve)
         self._cost_curve_given = cost_curve is not None
+        self.cost_check = None if self._cost_curve_given else CurveCheck()
         self._tree_cost_curve = (
             None
             if tree_cost_curve is None
@@ -284,11 +292,16 @@ class PrefixCachedModel(abc.ABC):
             self._first_use_done = True
             self._first_use()
         self.n_forward_calls += 1
+        began = time.perf_counter()
         n_common = common_prefix_length(seq, self._cached_ids())
         self._roll_back(self._first_to_evaluate(n_common, length, n_rows))
         start = int(self._cached_ids().shape[0])  # 0 if the cache had to start over
         result = self._evaluate(seq, start, n_rows)
         self.n_evaluated_tokens += length - start
+        if self.cost_check is not None and length > start:
+            # every pass, in order, whoever asked for it: what the measured curve is
+            # checked against (a pass over n + 1 tokens is a step verifying n drafts)
+            self.cost_check.record(length - start - 1, time.perf_counter() - began)
         return result
 
     def reset(self) -> None:

@@ -49,6 +49,9 @@ TIME_BUDGET = 4.0
 WARM_UP = 0.5
 #: Tokens of the made-up context evaluated first when the cache is empty.
 CONTEXT_TOKENS = 32
+#: One-token passes timed after each timed pass: the batch's share of their time
+#: (``cost.AFTERMATH_PASSES``; a timing of the next pass alone left most of it out).
+AFTER_PASSES = cost.AFTERMATH_PASSES
 
 logger = logging.getLogger("specdec.models")
 
@@ -178,13 +181,14 @@ def _kept(store: dict, model: Any, measure) -> np.ndarray:
 
 
 def _chain_pass(model: Any, seq: np.ndarray, n_base: int, k: int) -> None:
-    """A pass over ``k`` tokens after ``seq[:n_base + 1]``, then the next token's pass."""
+    """A pass over ``k`` tokens after ``seq[:n_base + 1]``, then AFTER_PASSES one-token passes."""
     model._evaluate(seq[: n_base + 1 + k], n_base + 1, k)
-    model._evaluate(seq[: n_base + 2 + k], n_base + 1 + k, 1)
+    for j in range(AFTER_PASSES):
+        model._evaluate(seq[: n_base + 2 + k + j], n_base + 1 + k + j, 1)
 
 
 def _tree_pass(model: Any, seq: np.ndarray, n_base: int, k: int) -> None:
-    """A two-branch tree over ``k`` tokens, then the next token's pass after it.
+    """A two-branch tree over ``k`` tokens, then AFTER_PASSES one-token passes after it.
 
     The tree has ``k - 1`` nodes after ``seq[:n_base + 1]``; the next pass follows its
     first branch (the one the adapters' caches keep).
@@ -196,9 +200,11 @@ def _tree_pass(model: Any, seq: np.ndarray, n_base: int, k: int) -> None:
     prefix = seq[: n_base + 1]
     tree = seq[n_base + 1 : n_base + 1 + nodes]
     model.forward_tree(prefix, tree, parents)
-    next_token = seq[n_base + 1 + nodes : n_base + 2 + nodes]
-    after = np.concatenate([seq[: n_base + 1 + first], next_token])
-    model.forward(after[None, :], logits_to_keep=1)
+    after = seq[: n_base + 1 + first]
+    for j in range(AFTER_PASSES):
+        next_token = seq[n_base + 1 + nodes + j : n_base + 2 + nodes + j]
+        after = np.concatenate([after, next_token])
+        model.forward(after[None, :], logits_to_keep=1)
 
 
 def _timed_rounds(model, max_length, what: str, plan) -> dict:
@@ -219,7 +225,8 @@ def _timed_rounds(model, max_length, what: str, plan) -> dict:
     )
     started = time.perf_counter()
     cached = np.array(model._cached_ids(), dtype=np.int64)
-    extra = MAX_TOKENS + 2  # a one-token pass before the timed pass and one after it
+    # a one-token pass before the timed pass and AFTER_PASSES after it
+    extra = MAX_TOKENS + 1 + AFTER_PASSES
     probe = np.random.default_rng(0).integers(0, model.vocab_size, CONTEXT_TOKENS + extra)
     if cached.size and (max_length is None or cached.size + extra <= max_length):
         base, restore = cached, cached.size  # time on top of the user's context
@@ -231,13 +238,15 @@ def _timed_rounds(model, max_length, what: str, plan) -> dict:
     # a tree's timing goes through forward_tree and forward, which count their work:
     # the user's counters must not show the calibration's
     counters = model.n_evaluated_tokens, model.n_forward_calls
+    # nor may the check of the curve take the calibration's passes for decoding's
+    check, model.cost_check = model.cost_check, None
 
     def one_pass(kind: str, k: int) -> float:
         # As in decoding: the pass over k tokens comes after a one-token pass, and the
-        # next step's one-token pass is timed with it.  That pass pays for the batch
-        # before it (llama.cpp: a token after a batch of 16 took 15% longer than after
-        # a token, after the batch's threads), and a curve without that price
-        # understated every batch by 15-25% against decoding.
+        # next steps' one-token passes are timed with it.  They pay for the batch
+        # before them (llama.cpp: a token after a batch of 16 took 15% longer than after
+        # a token, and the next ones longer too, see AFTER_PASSES), and a curve without
+        # that price understated every batch against decoding.
         model._roll_back(n_base)
         n_cached = model._cached_ids().shape[0]
         if n_cached < n_base:  # a cache that cannot be cut was emptied: rebuild it
@@ -266,6 +275,7 @@ def _timed_rounds(model, max_length, what: str, plan) -> dict:
     finally:
         model._roll_back(restore)
         model.n_evaluated_tokens, model.n_forward_calls = counters
+        model.cost_check = check
     logger.info(
         "specdec: %s %s cost curve measured in %.1f s",
         type(model).__name__,
@@ -334,11 +344,13 @@ def _chain_curve(model, max_length) -> np.ndarray:
     def measure():
         plan = [("chain", k) for k in MEASURED_SIZES]
         times = _timed_rounds(model, max_length, "chain", plan)
-        # A timing holds the pass and the one-token pass after it; for k = 1, two
-        # one-token passes: a pass over k tokens costs (timing(k) - timing(1) / 2).
+        # A timing holds the pass and the AFTER_PASSES one-token passes after it; for
+        # k = 1, AFTER_PASSES + 1 one-token passes: a pass over k tokens costs
+        # timing(k) - AFTER_PASSES * one, with one = timing(1) / (AFTER_PASSES + 1).
         medians = np.array([np.median(times["chain", k]) for k in MEASURED_SIZES])
-        one = medians[0] / 2.0
-        curve = np.interp(np.arange(1, MAX_TOKENS + 1), MEASURED_SIZES, (medians - one) / one)
+        one = medians[0] / (AFTER_PASSES + 1)
+        passes = (medians - AFTER_PASSES * one) / one
+        curve = np.interp(np.arange(1, MAX_TOKENS + 1), MEASURED_SIZES, passes)
         return _finished(curve), times
 
     def default():
@@ -361,7 +373,7 @@ def _tree_curve(model, max_length, chain: np.ndarray) -> np.ndarray:
     def measure():
         plan = [("chain", 1)] + [(kind, k) for k in TREE_SIZES for kind in ("chain", "tree")]
         times = _timed_rounds(model, max_length, "tree", plan)
-        one = np.median(times["chain", 1]) / 2.0
+        one = np.median(times["chain", 1]) / (AFTER_PASSES + 1)
         premium = [
             max(float(np.median(np.subtract(times["tree", k], times["chain", k]))), 0.0) / one
             for k in TREE_SIZES
@@ -373,8 +385,8 @@ def _tree_curve(model, max_length, chain: np.ndarray) -> np.ndarray:
 
 
 def _finished(curve: np.ndarray) -> np.ndarray:
-    """Non-decreasing (a dip is noise), 1.0 for one token, read-only."""
-    curve = np.maximum.accumulate(curve)
+    """Non-decreasing (a dip is noise), 1.0 for one token and at least 1.0 after, read-only."""
+    curve = np.maximum.accumulate(np.maximum(curve, 1.0))
     curve[0] = 1.0
     curve.flags.writeable = False
     return curve
