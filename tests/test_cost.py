@@ -183,15 +183,22 @@ class NowAndThen(Drafter):
         return self.continuation[len(tokens) : len(tokens) + min(max_tokens, 8)].copy()
 
 
-def test_the_slowdown_after_a_batch_is_charged_to_it_and_kept_by_the_model(virtual, backend):
-    # A calibration that timed each pass alone: 1 + 0.1 n for n drafts.  Decoding pays
-    # 3.0 more after each batch (its next 6 passes 0.5 slower): 8 drafts cost 4.7, and
-    # drafting here (4 tokens, all kept, for 4.4) loses against plain decoding.
+def _decoded_with_slowdowns(virtual, backend):
+    """A model whose batches slow the 6 passes after them by 0.5, after 300 greedy tokens
+    drafted now and then (exact: the output is the target's greedy decoding)."""
     model = virtual(VirtualClockModel(calibration=_pass_alone, aftermath=0.5))
     expected = _greedy(model, backend, 300)
     decoder = SpeculativeDecoder(temperature=0.0, backend=backend)
     ids, stats = decoder.generate(NowAndThen(expected), model, PROMPT, 300)
     assert ids == expected and stats.total_draft_tokens_proposed > 0
+    return model
+
+
+def test_the_slowdown_after_a_batch_is_charged_to_it_and_kept_by_the_model(virtual, backend):
+    # A calibration that timed each pass alone: 1 + 0.1 n for n drafts.  Decoding pays
+    # 3.0 more after each batch (its next 6 passes 0.5 slower): 8 drafts cost 4.7, and
+    # drafting here (4 tokens, all kept, for 4.4) loses against plain decoding.
+    model = _decoded_with_slowdowns(virtual, backend)
     calibrated = CostCurve.of_model(model)
     assert calibrated.drafts(8) == pytest.approx(1.8)
     fresh = PositionalDraftLength()  # a new policy (a new decoder) on the same model
@@ -209,10 +216,7 @@ def test_without_the_charge_the_check_accepts_the_calibration(virtual, backend, 
     # Power of the test above: a check that charges each pass its own time only (as
     # before) accepts the calibrated 1.8.
     monkeypatch.setattr("specdec.drafters.cost.AFTERMATH_PASSES", 0)
-    model = virtual(VirtualClockModel(calibration=_pass_alone, aftermath=0.5))
-    expected = _greedy(model, backend, 300)
-    decoder = SpeculativeDecoder(temperature=0.0, backend=backend)
-    decoder.generate(NowAndThen(expected), model, PROMPT, 300)
+    model = _decoded_with_slowdowns(virtual, backend)
     fresh = PositionalDraftLength()
     fresh.start(16, CostCurve.of_model(model))
     assert fresh.cost(8) < 2.5

@@ -49,9 +49,6 @@ TIME_BUDGET = 4.0
 WARM_UP = 0.5
 #: Tokens of the made-up context evaluated first when the cache is empty.
 CONTEXT_TOKENS = 32
-#: One-token passes timed after each timed pass: the batch's share of their time
-#: (``cost.AFTERMATH_PASSES``; a timing of the next pass alone left most of it out).
-AFTER_PASSES = cost.AFTERMATH_PASSES
 
 logger = logging.getLogger("specdec.models")
 
@@ -181,14 +178,17 @@ def _kept(store: dict, model: Any, measure) -> np.ndarray:
 
 
 def _chain_pass(model: Any, seq: np.ndarray, n_base: int, k: int) -> None:
-    """A pass over ``k`` tokens after ``seq[:n_base + 1]``, then AFTER_PASSES one-token passes."""
+    """A pass over ``k`` tokens after ``seq[:n_base + 1]``, then the one-token passes after it.
+
+    As many as ``cost.AFTERMATH_PASSES``: they carry the batch's slowdown.
+    """
     model._evaluate(seq[: n_base + 1 + k], n_base + 1, k)
-    for j in range(AFTER_PASSES):
+    for j in range(cost.AFTERMATH_PASSES):
         model._evaluate(seq[: n_base + 2 + k + j], n_base + 1 + k + j, 1)
 
 
 def _tree_pass(model: Any, seq: np.ndarray, n_base: int, k: int) -> None:
-    """A two-branch tree over ``k`` tokens, then AFTER_PASSES one-token passes after it.
+    """A two-branch tree over ``k`` tokens, then ``cost.AFTERMATH_PASSES`` one-token passes.
 
     The tree has ``k - 1`` nodes after ``seq[:n_base + 1]``; the next pass follows its
     first branch (the one the adapters' caches keep).
@@ -201,7 +201,7 @@ def _tree_pass(model: Any, seq: np.ndarray, n_base: int, k: int) -> None:
     tree = seq[n_base + 1 : n_base + 1 + nodes]
     model.forward_tree(prefix, tree, parents)
     after = seq[: n_base + 1 + first]
-    for j in range(AFTER_PASSES):
+    for j in range(cost.AFTERMATH_PASSES):
         next_token = seq[n_base + 1 + nodes + j : n_base + 2 + nodes + j]
         after = np.concatenate([after, next_token])
         model.forward(after[None, :], logits_to_keep=1)
@@ -225,8 +225,8 @@ def _timed_rounds(model, max_length, what: str, plan) -> dict:
     )
     started = time.perf_counter()
     cached = np.array(model._cached_ids(), dtype=np.int64)
-    # a one-token pass before the timed pass and AFTER_PASSES after it
-    extra = MAX_TOKENS + 1 + AFTER_PASSES
+    # a one-token pass before the timed pass and cost.AFTERMATH_PASSES after it
+    extra = MAX_TOKENS + 1 + cost.AFTERMATH_PASSES
     probe = np.random.default_rng(0).integers(0, model.vocab_size, CONTEXT_TOKENS + extra)
     if cached.size and (max_length is None or cached.size + extra <= max_length):
         base, restore = cached, cached.size  # time on top of the user's context
@@ -245,7 +245,7 @@ def _timed_rounds(model, max_length, what: str, plan) -> dict:
         # As in decoding: the pass over k tokens comes after a one-token pass, and the
         # next steps' one-token passes are timed with it.  They pay for the batch
         # before them (llama.cpp: a token after a batch of 16 took 15% longer than after
-        # a token, and the next ones longer too, see AFTER_PASSES), and a curve without
+        # a token, and the next ones longer too, see cost.AFTERMATH_PASSES), and a curve without
         # that price understated every batch against decoding.
         model._roll_back(n_base)
         n_cached = model._cached_ids().shape[0]
@@ -344,12 +344,12 @@ def _chain_curve(model, max_length) -> np.ndarray:
     def measure():
         plan = [("chain", k) for k in MEASURED_SIZES]
         times = _timed_rounds(model, max_length, "chain", plan)
-        # A timing holds the pass and the AFTER_PASSES one-token passes after it; for
-        # k = 1, AFTER_PASSES + 1 one-token passes: a pass over k tokens costs
-        # timing(k) - AFTER_PASSES * one, with one = timing(1) / (AFTER_PASSES + 1).
+        # A timing holds the pass and the A = cost.AFTERMATH_PASSES one-token passes
+        # after it; for k = 1, A + 1 one-token passes: a pass over k tokens costs
+        # timing(k) - A * one, with one = timing(1) / (A + 1).
         medians = np.array([np.median(times["chain", k]) for k in MEASURED_SIZES])
-        one = medians[0] / (AFTER_PASSES + 1)
-        passes = (medians - AFTER_PASSES * one) / one
+        one = medians[0] / (cost.AFTERMATH_PASSES + 1)
+        passes = (medians - cost.AFTERMATH_PASSES * one) / one
         curve = np.interp(np.arange(1, MAX_TOKENS + 1), MEASURED_SIZES, passes)
         return _finished(curve), times
 
@@ -373,7 +373,7 @@ def _tree_curve(model, max_length, chain: np.ndarray) -> np.ndarray:
     def measure():
         plan = [("chain", 1)] + [(kind, k) for k in TREE_SIZES for kind in ("chain", "tree")]
         times = _timed_rounds(model, max_length, "tree", plan)
-        one = np.median(times["chain", 1]) / (AFTER_PASSES + 1)
+        one = np.median(times["chain", 1]) / (cost.AFTERMATH_PASSES + 1)
         premium = [
             max(float(np.median(np.subtract(times["tree", k], times["chain", k]))), 0.0) / one
             for k in TREE_SIZES
