@@ -110,3 +110,36 @@ def require_smollm2() -> str:
         if REQUIRE_MODELS:
             pytest.fail(f"SPECDEC_REQUIRE_MODELS=1 but {exc}")
         pytest.skip(str(exc))
+
+
+# --- an offline Hugging Face tokenizer ----------------------------------------------------
+
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def byte_level_tokenizer(chat: bool = False):
+    """A Hugging Face fast tokenizer with one token per byte (no merges), built in memory.
+
+    A multi-byte character spans several tokens, which is what the detokenizer tests need.
+    With ``chat``, ChatML's markers are special tokens (``<|im_start|>`` 256, the end of
+    turn ``<|im_end|>`` 257) and :data:`CHATML` is the template.  Skips (fails under
+    ``SPECDEC_REQUIRE_MODELS=1``) without transformers and tokenizers.
+    """
+    transformers = require_module("transformers")
+    tokenizers = require_module("tokenizers")
+    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    core = tokenizers.Tokenizer(
+        tokenizers.models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[])
+    )
+    core.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = tokenizers.decoders.ByteLevel()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core)
+    if chat:
+        tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+        tokenizer.eos_token = "<|im_end|>"
+        tokenizer.chat_template = CHATML
+    return tokenizer

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import require_module, require_smollm2
+from conftest import byte_level_tokenizer, require_module, require_smollm2
 
 import specdec
 from specdec import cli, measure
@@ -1012,24 +1012,10 @@ def test_generate_smollm2_chat(capsys, backend, smollm2_installed, fixed_cost_cu
 
 def test_generate_hugging_face_directory(capsys, backend, tmp_path):
     """A model saved with save_pretrained (no download), with and without its template."""
-    tokenizers = require_module("tokenizers")
     torch = require_module("torch")
     transformers = require_module("transformers")
     torch.manual_seed(0)
-    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
-    core = tokenizers.Tokenizer(
-        tokenizers.models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[])
-    )
-    core.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = tokenizers.decoders.ByteLevel()
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tokenizer.eos_token = "<|im_end|>"
-    tokenizer.chat_template = (
-        "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\n' + m['content'] + "
-        "'<|im_end|>\n'}}{% endfor %}{% if add_generation_prompt %}"
-        "{{'<|im_start|>assistant\n'}}{% endif %}"
-    )
+    tokenizer = byte_level_tokenizer(chat=True)
     model = transformers.LlamaForCausalLM(
         transformers.LlamaConfig(
             num_hidden_layers=1,

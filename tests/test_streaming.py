@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import require_module, require_smollm2
+from conftest import byte_level_tokenizer, require_module, require_smollm2
 from law_models import ContextModel
 
 import specdec
@@ -331,16 +331,8 @@ def tiny_hf():
     """A tiny Llama with seeded weights and a byte-level tokenizer built in memory."""
     torch = require_module("torch")
     transformers = require_module("transformers")
-    tokenizers = require_module("tokenizers")
     torch.manual_seed(0)
-    # One token per byte (no merges): a multi-byte character spans several tokens.
-    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
-    core = tokenizers.Tokenizer(
-        tokenizers.models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[])
-    )
-    core.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = tokenizers.decoders.ByteLevel()
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core)
+    tokenizer = byte_level_tokenizer()
     model = transformers.LlamaForCausalLM(
         transformers.LlamaConfig(
             num_hidden_layers=2,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import require_module, require_smollm2
+from conftest import CHATML, byte_level_tokenizer, require_module, require_smollm2
 
 import specdec
 from specdec import SpeculativeDecoder
@@ -23,11 +23,6 @@ from specdec.models._text import (
 )
 
 TEXT = "Hi 😀, 日本語 and ünïcödé: ok 🎉🎉 — done."
-CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
-    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 
 def byte_ids(text: str) -> list:
@@ -363,17 +358,7 @@ def test_transformers_tokenizer_template(backend):
     # Seeded: an untrained model's weights otherwise depend on the tests run before.
     require_module("torch").manual_seed(0)
     transformers = require_module("transformers")
-    tokenizers = require_module("tokenizers")
-    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
-    core = tokenizers.Tokenizer(
-        tokenizers.models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[])
-    )
-    core.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = tokenizers.decoders.ByteLevel()
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tokenizer.eos_token = "<|im_end|>"
-    tokenizer.chat_template = CHATML
+    tokenizer = byte_level_tokenizer(chat=True)
     model = transformers.GPT2LMHeadModel(
         transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=258)
     )
