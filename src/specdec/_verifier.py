@@ -82,13 +82,14 @@ class StreamBuffers:
     does not keep the old rows.
     """
 
-    __slots__ = ("vocab_size", "kernel_work", "_laws", "_weights", "_path")
+    __slots__ = ("vocab_size", "kernel_work", "_laws", "_weights", "_slots", "_path")
 
     def __init__(self, kernels, vocab_size: int) -> None:
         self.vocab_size = vocab_size
         self.kernel_work = kernels.Workspace(vocab_size)
         self._laws = np.zeros(0, LAW_DTYPE)
         self._weights: dict = {}
+        self._slots: dict = {}  # dtype -> per-row views of the current buffers
         self._path = np.zeros(0, dtype=np.int64)
 
     def draft_rows(self, rows: int, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -99,11 +100,26 @@ class StreamBuffers:
         """
         if len(self._laws) < rows:
             self._laws = np.zeros(max(rows, 2 * len(self._laws), 4), LAW_DTYPE)
+            self._slots.clear()  # views of the old laws
         weights = self._weights.get(dtype)
         if weights is None or len(weights) < rows:
             capacity = max(rows, 0 if weights is None else 2 * len(weights), 4)
             weights = self._weights[dtype] = np.empty((capacity, self.vocab_size), dtype)
+            self._slots.pop(dtype, None)
         return self._laws, weights
+
+    def draft_slots(self, rows: int, dtype) -> tuple[list, list]:
+        """Per-row views of :meth:`draft_rows`: ``laws[i:i+1]`` and ``weights[i]`` for each i.
+
+        Kept until the buffers grow, so that drawing a draft token (once per token of a
+        draft model) writes its law and weights without making two views.
+        """
+        slots = self._slots.get(dtype)
+        if slots is None or len(slots[0]) < rows:
+            laws, weights = self.draft_rows(rows, dtype)
+            n = min(len(laws), len(weights))
+            slots = self._slots[dtype] = ([laws[i : i + 1] for i in range(n)], list(weights[:n]))
+        return slots
 
     def path(self, nodes: int) -> np.ndarray:
         """An int64 buffer for a tree walk over ``nodes`` nodes."""
@@ -172,12 +188,12 @@ class Verifier:
     ) -> int:
         """Draw one token from ``row``; its law and weights go to draft row ``slot``.
 
-        ``workspace.draft_rows(slot + 1, row.dtype)`` must have been reserved.
+        The rows are reserved here if they were not (``workspace.draft_rows``).
         """
-        laws, weights = workspace.draft_rows(slot + 1, row.dtype)
+        laws, weights = workspace.draft_slots(slot + 1, row.dtype)
         try:
             return self.kernels.sample_token(
-                row, controls, rng, laws[slot : slot + 1], weights[slot], workspace.kernel_work
+                row, controls, rng, laws[slot], weights[slot], workspace.kernel_work
             )
         except InvalidLogitsError as error:
             raise ValueError(name_row(first_row + error.row, error.reason)) from None
