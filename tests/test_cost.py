@@ -289,6 +289,40 @@ def test_curve_check_keeps_an_agreeing_curve_and_scales_a_wrong_one():
         check.record(1, bad)  # ignored
 
 
+def test_curve_check_recomputes_after_a_drafted_pass_or_a_window_of_steady_ones(monkeypatch):
+    """On open text nearly every pass is a steady one: recomputing the correction after
+    each cost 20 us of a 5 ms token (and a new curve whose tables the policy rebuilt)."""
+    base = CostCurve([1.0, 2.0, 3.0, 4.0])
+    base.checkable = True
+    check = CurveCheck()
+    check.curve(base)
+    computed = []
+    correction = CurveCheck._correction
+    monkeypatch.setattr(
+        CurveCheck, "_correction", lambda self, b: computed.append(1) or correction(self, b)
+    )
+    for _ in range(CurveCheck.SAMPLES):
+        check.record(0, 1.0)
+    for _ in range(CurveCheck.SAMPLES):
+        check.record(1, 1.2)  # off the curve: corrected
+        for _ in range(AFTERMATH_PASSES):
+            check.record(0, 1.0)
+    corrected = check.curve(base)
+    assert corrected is not base and len(computed) == 1
+    for _ in range(CurveCheck.WINDOW - 1):
+        check.record(0, 1.0)
+        assert check.curve(base) is corrected  # kept: its tables too
+    assert len(computed) == 1
+    check.record(0, 1.0)  # a window of steady passes since: recomputed
+    check.curve(base)
+    assert len(computed) == 2
+    check.record(1, 1.2)  # a drafted pass (charged once its aftermath is in)
+    for _ in range(AFTERMATH_PASSES):
+        check.record(0, 1.0)
+    check.curve(base)
+    assert len(computed) == 3
+
+
 def test_only_a_curve_that_forbids_drafting_is_probed():
     """Probes cost a pass each on text where drafts are not kept: only a curve on which
     no draft could pay (which would otherwise never be timed) gets them."""

@@ -346,6 +346,7 @@ class CurveCheck:
         self._forbids = False  # whether the curve forbids drafting (then probed)
         self._records = 0
         self._computed = 0  # self._records when _corrected was computed
+        self._stale = False  # whether a record since then can change the correction
         self._declined = 0
         self._aftermath = None  # [drafts, seconds charged, passes still to charge]
 
@@ -394,6 +395,16 @@ class CurveCheck:
             times = self._times[n_drafts] = collections.deque(maxlen=self.WINDOW)
         times.append(seconds)
         self._records += 1
+        # A new drafted pass can change the correction; steady passes (on open text,
+        # nearly every pass) only move the median it divides by: the correction (20 us
+        # of Python on a 5 ms token, and a new curve whose tables the policy rebuilds)
+        # is recomputed after a window of them, not after each.
+        if (
+            n_drafts > 0
+            or len(times) <= self.SAMPLES
+            or (self._records - self._computed >= self.WINDOW)
+        ):
+            self._stale = True
 
     def _ready(self) -> bool:
         times = self._times
@@ -421,14 +432,17 @@ class CurveCheck:
         if not base.checkable:
             return base
         with self._lock:
-            if values != self._base:  # another model's curve: its timings start afresh
+            if values is not self._base and values != self._base:  # another model's curve
+                # its timings start afresh
                 self._base, self._corrected = values, None
                 best = max((n + 1) / base.drafts(n) for n in range(1, len(values)))
                 self._forbids = best < self.PROBED_BELOW
                 self._times.clear()
                 self._records = self._computed = self._declined = 0
+                self._stale = False
                 self._aftermath = None
-            if self._records != self._computed and self._ready():
+            if self._stale and self._ready():
+                self._stale = False
                 self._computed = self._records
                 self._corrected = self._correction(base)
             return base if self._corrected is None else self._corrected
