@@ -113,32 +113,28 @@ def draft_from_model(
                 _check_draft_row(row, work)
             # one dtype per model (ModelCaller checks it): one reservation per step
             dtype = row.dtype
-            laws, weights = work.draft_rows(n_rows, dtype)
-        token = verifier.sample(
-            row,
-            slot=n_draft,
-            controls=controls,
-            rng=rng,
-            workspace=work,
-            name_row=draft.name_row,
-            first_row=position - 1,
+            laws, weights = work.draft_slots(n_rows, dtype)
+            name_row = draft.name_row
+        token = verifier.sample_to(
+            row, laws[n_draft], weights[n_draft], controls, rng, work, name_row, position - 1
         )
         if p_min > 0.0 and controls.temperature > 0.0:
-            if float(weights[n_draft].max()) / laws[n_draft]["total"] < p_min:
+            if float(weights[n_draft].max()) / laws[n_draft][0]["total"] < p_min:
                 break
         run.tokens[position] = token
         if levels:
             drawn = []
             for _ in range(levels[n_draft] - 1):
                 drawn.append(
-                    verifier.sample(
+                    verifier.sample_to(
                         row,
-                        slot=next_slot,
-                        controls=controls,
-                        rng=rng,
-                        workspace=work,
-                        name_row=draft.name_row,
-                        first_row=position - 1,
+                        laws[next_slot],
+                        weights[next_slot],
+                        controls,
+                        rng,
+                        work,
+                        name_row,
+                        position - 1,
                     )
                 )
                 next_slot += 1

@@ -191,9 +191,20 @@ class Verifier:
         The rows are reserved here if they were not (``workspace.draft_rows``).
         """
         laws, weights = workspace.draft_slots(slot + 1, row.dtype)
+        return self.sample_to(
+            row, laws[slot], weights[slot], controls, rng, workspace, name_row, first_row
+        )
+
+    def sample_to(
+        self, row, law_slot, weights_row, controls, rng, workspace, name_row, first_row
+    ) -> int:
+        """:meth:`sample` into views of reserved draft rows (``workspace.draft_slots``).
+
+        Positional, for the draft model's loop, which calls it once per token.
+        """
         try:
             return self.kernels.sample_token(
-                row, controls, rng, laws[slot], weights[slot], workspace.kernel_work
+                row, controls, rng, law_slot, weights_row, workspace.kernel_work
             )
         except InvalidLogitsError as error:
             raise ValueError(name_row(first_row + error.row, error.reason)) from None
