@@ -53,8 +53,22 @@ def _give_each_worker_its_cores() -> None:
     os.sched_setaffinity(0, cores[index * share : (index + 1) * share])
 
 
+def _steal_work(config) -> None:
+    """With ``-n``, let an idle worker take tests queued on a busy one (xdist's worksteal).
+
+    The default (``load``) hands out fixed chunks and left one worker alone for the last
+    minute of the suite (296 s against 232 s on 2 cores).  Here rather than in
+    ``addopts``, so that plain ``pytest`` without pytest-xdist still runs; an explicit
+    ``--dist`` wins.
+    """
+    given = any(arg.startswith("--dist") for arg in config.invocation_params.args)
+    if getattr(config.option, "dist", None) == "load" and not given:
+        config.option.dist = "worksteal"
+
+
 def pytest_configure(config):
     _give_each_worker_its_cores()
+    _steal_work(config)
     # Registered here, not in pyproject.toml, because CI runs these tests from a copy
     # outside the source tree too, where pyproject.toml is not seen.
     config.addinivalue_line("markers", "slow: statistical tests with many runs")
