@@ -24,6 +24,9 @@ cost as chains.
 
 A curve is extended beyond its end linearly, with the slope of its last segment (flat if
 that segment falls).
+
+Why one module past 500 lines: the curve and its run-time check (:class:`CurveCheck`,
+which reads and corrects it) are one concept, and half the lines are their docstrings.
 """
 
 from __future__ import annotations
