@@ -7,6 +7,7 @@ pure-Python twin.  The compiled run *fails* when ``specdec._core`` is missing; o
 
 import importlib
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,12 @@ def _steal_work(config) -> None:
     ``addopts``, so that plain ``pytest`` without pytest-xdist still runs; an explicit
     ``--dist`` wins.
     """
-    given = any(arg.startswith("--dist") for arg in config.invocation_params.args)
+    args = [
+        *config.invocation_params.args,
+        *config.getini("addopts"),
+        *shlex.split(os.environ.get("PYTEST_ADDOPTS", "")),
+    ]
+    given = any(arg.startswith("--dist") for arg in args)
     if getattr(config.option, "dist", None) == "load" and not given:
         config.option.dist = "worksteal"
 
