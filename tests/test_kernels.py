@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from law_models import ContextModel, same_state
 
-from specdec._backend import available_backends, kernels_for
+from specdec._backend import _use_simd_level, available_backends, available_simd_levels, kernels_for
 from specdec._common import (
     ALL_MASKED_LOGITS,
     LAW_DTYPE,
@@ -480,6 +480,29 @@ def test_verify_rejects_the_row_it_reaches(kernels, vocab, n, data, how, dtype, 
     with pytest.raises(InvalidLogitsError) as info:
         kernels.verify(target, tokens, weights, laws, True, controls, rng, kernels.Workspace(vocab))
     assert info.value.row == bad_index and info.value.code == CODES[how]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("controls", [(0, 1.0, 0.0), (0, 0.9, 0.1)], ids=["plain", "top_p"])
+def test_every_position_of_a_bad_logit_is_found_at_every_level(kernels, backend, dtype, controls):
+    """The maximum pass finds NaN and +inf wherever they sit: in every lane of the
+    partial maxima (clang's form keeps 32), in the tail after the last full group of
+    lanes, in the first block (the plain path's shift) and the blocks after it."""
+    levels = available_simd_levels() if backend == "cython" else [None]
+    for level in levels:
+        previous = _use_simd_level(level) if level else None
+        try:
+            for vocab in (1, 31, 32, 33, 95, 512, 513, 1100):
+                row = np.linspace(-3.0, 3.0, vocab).astype(dtype)
+                positions = set(range(min(vocab, 70))) | {vocab - 1, vocab // 2, 511 % vocab}
+                for index in sorted(positions):
+                    for how in ("nan", "inf"):
+                        with pytest.raises(InvalidLogitsError) as info:
+                            run_sample(kernels, spoil(row, how, index), 1.0, *controls, 0)
+                        assert info.value.code == NONFINITE_LOGITS, (level, vocab, index, how)
+        finally:
+            if previous:
+                _use_simd_level(previous)
 
 
 # --- workspace and shapes ----------------------------------------------------------------------

@@ -23,19 +23,59 @@
 #error "SD_BLOCK must be defined before including this template (see _kernels.h)"
 #endif
 
-/* The row's maximum; *bad is set when the row holds a NaN or +inf. */
-static double SD_SUFFIX(sd_max)(const SD_T *x, ptrdiff_t n, int *bad)
+/* The maximum of x[0..n), with *nan_seen set when an element is NaN.
+ *
+ * GCC vectorises the plain max reduction below.  Clang leaves a max reduction whose
+ * comparison must respect NaN scalar (decoding 3.4x slower at AVX-512), so for clang
+ * it is an elementwise update of SD_MAX_LANES partial maxima, then a fold of the
+ * lanes: a loop clang vectorises (GCC runs it 25% slower than its reduction at
+ * AVX-512, so each compiler gets its own).  A NaN sticks in its lane (the update
+ * takes v when v > lane or v is NaN, and v > NaN is false) and is found in the fold.
+ * Which of two equal maxima (+0, -0) comes out may differ between the two forms; the
+ * weights do not: x - (+0) and x - (-0) differ only at x = +-0, both weights exp(0). */
+SD_INLINE SD_T SD_SUFFIX(sd_max_nan)(const SD_T *x, ptrdiff_t n, int *nan_seen)
 {
+#if defined(__clang__)
+    SD_T lanes[SD_MAX_LANES];
+    for (int j = 0; j < SD_MAX_LANES; j++) lanes[j] = -INFINITY;
+    ptrdiff_t i = 0;
+    for (; i + SD_MAX_LANES <= n; i += SD_MAX_LANES) {
+        for (int j = 0; j < SD_MAX_LANES; j++) {
+            SD_T v = x[i + j];
+            lanes[j] = ((v > lanes[j]) | (v != v)) ? v : lanes[j];
+        }
+    }
+    for (; i < n; i++) {
+        SD_T v = x[i];
+        lanes[0] = ((v > lanes[0]) | (v != v)) ? v : lanes[0];
+    }
     SD_T m = -INFINITY;
-    int nan_seen = 0;
+    int nan = 0;
+    for (int j = 0; j < SD_MAX_LANES; j++) {
+        nan |= lanes[j] != lanes[j];
+        m = lanes[j] > m ? lanes[j] : m;
+    }
+#else
+    SD_T m = -INFINITY;
+    int nan = 0;
 #if !defined(_MSC_VER)
-#pragma omp simd reduction(max : m) reduction(| : nan_seen)
+#pragma omp simd reduction(max : m) reduction(| : nan)
 #endif
     for (ptrdiff_t i = 0; i < n; i++) {
         SD_T v = x[i];
         m = v > m ? v : m;
-        nan_seen |= (v != v);
+        nan |= (v != v);
     }
+#endif
+    *nan_seen = nan;
+    return m;
+}
+
+/* The row's maximum; *bad is set when the row holds a NaN or +inf. */
+static double SD_SUFFIX(sd_max)(const SD_T *x, ptrdiff_t n, int *bad)
+{
+    int nan_seen;
+    SD_T m = SD_SUFFIX(sd_max_nan)(x, n, &nan_seen);
     *bad = nan_seen | (m == (SD_T)INFINITY);
     return (double)m;
 }
@@ -93,16 +133,8 @@ static double SD_SUFFIX(sd_expsum)(const SD_T *x, ptrdiff_t n, double m, double 
                 const char *stop = (const char *)(x + ahead_end);
                 for (; line < stop; line += 64) SD_PREFETCH(line);
             }
-            SD_T block_max = -INFINITY;
-            int block_nan = 0;
-#if !defined(_MSC_VER)
-#pragma omp simd reduction(max : block_max) reduction(| : block_nan)
-#endif
-            for (ptrdiff_t i = start; i < end; i++) {
-                SD_T v = x[i];
-                block_max = v > block_max ? v : block_max;
-                block_nan |= (v != v);
-            }
+            int block_nan;
+            SD_T block_max = SD_SUFFIX(sd_max_nan)(x + start, end - start, &block_nan);
             running_max = block_max > running_max ? block_max : running_max;
             nan_seen |= block_nan;
         }
