@@ -239,8 +239,7 @@ def verify_batch(
     n_accepted = np.zeros(batch, dtype=np.int64)
     next_tokens = np.full(batch, -1, dtype=np.int64)
     run(step, n_threads, n_accepted, next_tokens)
-    tokens = np.where(
-        np.arange(width + 1) < n_accepted[:, np.newaxis], np.pad(step.ids, ((0, 0), (0, 1))), -1
-    )
+    tokens = np.full((batch, width + 1), -1, dtype=np.int64)
+    tokens[:, :width] = np.where(np.arange(width) < n_accepted[:, np.newaxis], step.ids, -1)
     tokens[np.arange(batch), n_accepted] = next_tokens
     return BatchResult(n_accepted, next_tokens, tokens)
