@@ -529,45 +529,88 @@ cdef object sample_from(const logit_t *x, Py_ssize_t n, object controls, object 
     return token
 
 
-cdef int fill_row_laws(const logit_t[:, ::1] rows, const Controls *c, RowLaw *laws,
-                       logit_t[:, ::1] weights, Workspace work, Py_ssize_t *failed) noexcept nogil:
-    cdef Py_ssize_t n_rows = rows.shape[0], n = rows.shape[1], i, token
+cdef int fill_row_laws(const logit_t *rows, Py_ssize_t n_rows, Py_ssize_t n, const Controls *c,
+                       RowLaw *laws, logit_t *weights, Workspace work,
+                       Py_ssize_t *failed) noexcept nogil:
+    cdef Py_ssize_t i, token
     cdef int err = 0
     for i in range(n_rows):
         failed[0] = i
         if c.greedy:
-            err = greedy_token(&rows[i, 0], n, &token)
+            err = greedy_token(rows + i * n, n, &token)
         else:
-            err = row_law(&rows[i, 0], n, c, work, &laws[i], &weights[i, 0], work.blocks,
-                          &rows[i + 1, 0] if i + 1 < n_rows else NULL)
+            err = row_law(rows + i * n, n, c, work, &laws[i], weights + i * n, work.blocks,
+                          rows + (i + 1) * n if i + 1 < n_rows else NULL)
         if err:
             return err
     return 0
 
 
+cdef bint plain_row_laws_args(object rows, object laws_out, object weights_out,
+                              Py_ssize_t vocab_size):
+    """True when row_laws' arguments are the usual ones and pass check_row_laws_args:
+    plain arrays of agreeing shapes and types (the engine calls it once per sequence,
+    where the Python checks cost more than the kernels at a small vocabulary)."""
+    cdef int typenum = plain_logits_type(rows, vocab_size)
+    if typenum < 0 or not plain_array(weights_out, typenum, True, 2):
+        return False
+    cdef Py_ssize_t n_rows = cnp.PyArray_DIM(<cnp.ndarray> rows, 0)
+    if (cnp.PyArray_DIM(<cnp.ndarray> weights_out, 1) != vocab_size
+            or cnp.PyArray_DIM(<cnp.ndarray> weights_out, 0) < n_rows
+            or not cnp.PyArray_Check(laws_out)):
+        return False
+    cdef cnp.ndarray laws = <cnp.ndarray> laws_out
+    return ((<object> cnp.PyArray_DESCR(laws)) is _LAW_DESCR and cnp.PyArray_NDIM(laws) == 1
+            and cnp.PyArray_ISCARRAY(laws) and cnp.PyArray_ISNOTSWAPPED(laws)
+            and cnp.PyArray_DIM(laws, 0) >= n_rows)
+
+
 def row_laws(rows, controls, laws_out, weights_out, Workspace work not None):
     """Compiled twin of ``specdec._fallback.row_laws``, whose docstring _backend copies."""
-    check_row_laws_args(rows, laws_out, weights_out, work.vocab_size)
+    cdef bint plain = plain_row_laws_args(rows, laws_out, weights_out, work.vocab_size)
+    if not plain:
+        check_row_laws_args(rows, laws_out, weights_out, work.vocab_size)
     cdef Controls c = unpack_controls(controls)
-    cdef RowLaw[::1] laws = laws_out
-    cdef Py_ssize_t failed = 0
+    cdef Py_ssize_t failed = 0, n_rows = len(rows), n = work.vocab_size
     cdef int err = 0
-    if len(rows) == 0:
+    if n_rows == 0:
         return
-    cdef const float[:, ::1] rows32
-    cdef const double[:, ::1] rows64
-    cdef float[:, ::1] weights32
-    cdef double[:, ::1] weights64
-    # Typed views first (that needs the GIL), then the passes without it, so that
-    # threads (the engine's batches) compute row laws in parallel.
-    if rows.dtype == np.float32:
-        rows32, weights32 = rows, weights_out
-        with nogil:
-            err = fill_row_laws[float](rows32, &c, &laws[0], weights32, work, &failed)
+    cdef RowLaw *laws
+    cdef const float *rows32
+    cdef const double *rows64
+    cdef float *weights32
+    cdef double *weights64
+    cdef RowLaw[::1] laws_view
+    cdef const float[:, ::1] rows32_view
+    cdef const double[:, ::1] rows64_view
+    cdef float[:, ::1] weights32_view
+    cdef double[:, ::1] weights64_view
+    # Pointers first (plain arrays: straight to their data; anything else through typed
+    # views, which check and hold it), then the passes without the GIL, so that threads
+    # (the engine's batches) compute row laws in parallel.
+    if plain:
+        laws = <RowLaw *> cnp.PyArray_DATA(<cnp.ndarray> laws_out)
     else:
-        rows64, weights64 = rows, weights_out
+        laws_view = laws_out
+        laws = &laws_view[0]
+    if rows.dtype == np.float32:
+        if plain:
+            rows32 = <const float *> cnp.PyArray_DATA(<cnp.ndarray> rows)
+            weights32 = <float *> cnp.PyArray_DATA(<cnp.ndarray> weights_out)
+        else:
+            rows32_view, weights32_view = rows, weights_out
+            rows32, weights32 = &rows32_view[0, 0], &weights32_view[0, 0]
         with nogil:
-            err = fill_row_laws[double](rows64, &c, &laws[0], weights64, work, &failed)
+            err = fill_row_laws[float](rows32, n_rows, n, &c, laws, weights32, work, &failed)
+    else:
+        if plain:
+            rows64 = <const double *> cnp.PyArray_DATA(<cnp.ndarray> rows)
+            weights64 = <double *> cnp.PyArray_DATA(<cnp.ndarray> weights_out)
+        else:
+            rows64_view, weights64_view = rows, weights_out
+            rows64, weights64 = &rows64_view[0, 0], &weights64_view[0, 0]
+        with nogil:
+            err = fill_row_laws[double](rows64, n_rows, n, &c, laws, weights64, work, &failed)
     if err:
         raise InvalidLogitsError(failed, err)
 
