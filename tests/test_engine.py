@@ -195,6 +195,33 @@ def test_the_thread_pool_is_reused_and_grown_on_demand(backend):
     assert np.array_equal(many.tokens, one.tokens)
 
 
+def test_the_default_uses_threads_only_where_they_pay(backend, monkeypatch):
+    """n_threads=None: one thread for sequences of few logits (their Python, which the
+    GIL serialises, outweighs their kernels), every core for large ones; a number
+    given is used as given."""
+    used = []
+    real_run = engine.run
+
+    def recording_run(step, threads, *outputs):
+        used.append(threads)
+        return real_run(step, threads, *outputs)
+
+    monkeypatch.setattr(engine, "run", recording_run)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    rows_per_sequence = 2 * 4 + 1  # 4 drafted rows of logits and 5 target rows
+    threshold_vocab = -(-_engine_run.MIN_THREADED_LOGITS // rows_per_sequence)
+    rng = np.random.default_rng(5)
+    for vocab in (40, threshold_vocab - 1, threshold_vocab):
+        target = rng.standard_normal((2, 5, vocab))
+        draft = target[:, :4] + rng.standard_normal((2, 4, vocab))
+        ids = rng.integers(0, vocab, size=(2, 4))
+        for n_threads in (None, 2):
+            verify_batch(
+                ids, draft, target, [4, 4], rngs=_seeds(2), n_threads=n_threads, backend=backend
+            )
+    assert used == [1, 2, 1, 2, 2, 2]
+
+
 def test_int_seeds_equal_generators(backend):
     ids, draft, target, lengths = _random_batch(5)
     seeds = list(range(100, 100 + len(ids)))

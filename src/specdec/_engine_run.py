@@ -105,6 +105,28 @@ def verify_one(step: VerifyInputs, b: int) -> tuple[int, int]:
     )
 
 
+#: Logits a sequence's kernels read, on average, below which the default runs a batch
+#: on one thread.  Each sequence also runs about 10 us of Python, which the GIL
+#: serialises, and every hand-off between threads costs: on a 2-core VM two threads
+#: were 0.4-0.7x one below 36,000 logits per sequence, 1.0-1.1x at 72,000-144,000, and
+#: 1.3-1.6x from 288,000 (bench_engine's cells, 2026-12-06).
+MIN_THREADED_LOGITS = 65_536
+
+
+def default_threads(step: VerifyInputs, cores: int) -> int:
+    """Threads for a batch when the caller did not say how many.
+
+    All ``cores``, unless each sequence reads too few logits for a thread to pay
+    (:data:`MIN_THREADED_LOGITS`).
+    """
+    batch = len(step.ids)
+    if batch < 2 or cores < 2:
+        return 1
+    drafts = int(step.lengths.sum())
+    rows = batch + drafts + (drafts if step.kind == "logits" else 0)  # target + draft rows
+    return cores if rows * step.target.shape[2] >= MIN_THREADED_LOGITS * batch else 1
+
+
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
