@@ -48,7 +48,7 @@ class SpecdecStage:
 
     Examples
     --------
-    >>> rows = [{"request": r.to_json()} for r in requests]
+    >>> rows = [{"request": r.to_json()} for r in requests]  # doctest: +SKIP
     >>> dataset = ray.data.from_items(rows)  # doctest: +SKIP
     >>> out = dataset.map_batches(SpecdecStage, fn_constructor_args=(ModelSpec("smollm2"),
     ...     BatchOptions()), batch_size=1, concurrency=2)  # doctest: +SKIP

@@ -104,7 +104,7 @@ class PositionalDraftLength(DraftLengthPolicy):
     >>> policy = PositionalDraftLength()
     >>> policy.start(16, CostCurve([1.0, 1.1, 1.2, 1.3]))   # a flat curve: long drafts pay
     >>> policy.length((0, 12), 16), policy.length((0, 1), 16)   # a copy, a 1-token match
-    (13, 3)
+    (16, 3)
     """
 
     #: A source not drafted from for this many proposals is tried with one token.
