@@ -81,9 +81,9 @@
  * sums and rescans only that block, so no V-sized CDF is ever stored. */
 #define SD_BLOCK 512
 
-/* Partial maxima a row's maximum is found in, with clang (see sd_max_nan): a few
- * vector registers' worth at every level, so that the updates do not wait on each
- * other. */
+/* Partial maxima a row's maximum is found in, under compilers other than GCC (see
+ * sd_max_nan): a few vector registers' worth at every level, so that the updates do
+ * not wait on each other. */
 #define SD_MAX_LANES 32
 
 /* How many blocks ahead a first pass over a row requests memory. */

@@ -25,16 +25,18 @@
 
 /* The maximum of x[0..n), with *nan_seen set when an element is NaN.
  *
- * GCC vectorises the plain max reduction below.  Clang leaves a max reduction whose
- * comparison must respect NaN scalar (decoding 3.4x slower at AVX-512), so for clang
- * it is an elementwise update of SD_MAX_LANES partial maxima and NaN flags, then a
- * fold of the lanes: loops clang vectorises on x86 and aarch64 (GCC runs them 25%
- * slower than its reduction at AVX-512, so each compiler gets its own).  Which of two
- * equal maxima (+0, -0) comes out may differ between the two forms; the weights do
- * not: x - (+0) and x - (-0) differ only at x = +-0, where both weights are exp(0). */
+ * GCC vectorises a plain max reduction (the second form).  Clang leaves a max
+ * reduction whose comparison must respect NaN scalar (decoding 3.4x slower at
+ * AVX-512), so every other compiler gets an elementwise update of SD_MAX_LANES partial
+ * maxima and NaN flags, then a fold of the lanes: loops clang vectorises on x86 and
+ * aarch64, and independent chains even where nothing is vectorised (MSVC, not
+ * measured).  GCC runs that form 25% slower than its reduction at AVX-512, so each
+ * keeps its own.  Which of two equal maxima (+0, -0) comes out may differ between the
+ * two forms; the weights do not: x - (+0) and x - (-0) differ only at x = +-0, where
+ * both weights are exp(0). */
 SD_INLINE SD_T SD_SUFFIX(sd_max_nan)(const SD_T *x, ptrdiff_t n, int *nan_seen)
 {
-#if defined(__clang__)
+#if !(defined(__GNUC__) && !defined(__clang__))
     SD_T lanes[SD_MAX_LANES];
     int nans[SD_MAX_LANES];
     for (int j = 0; j < SD_MAX_LANES; j++) {
@@ -63,9 +65,7 @@ SD_INLINE SD_T SD_SUFFIX(sd_max_nan)(const SD_T *x, ptrdiff_t n, int *nan_seen)
 #else
     SD_T m = -INFINITY;
     int nan = 0;
-#if !defined(_MSC_VER)
 #pragma omp simd reduction(max : m) reduction(| : nan)
-#endif
     for (ptrdiff_t i = 0; i < n; i++) {
         SD_T v = x[i];
         m = v > m ? v : m;
