@@ -51,9 +51,9 @@ def draft_law(step: VerifyInputs, b: int, n: int, ids: np.ndarray, parents=None)
             parents=parents,
         )
         if not greedy:
-            zero = draft.weights[np.arange(n), ids] <= 0.0
-            if zero.any():
-                i = int(np.flatnonzero(zero)[0])
+            weights = draft.weights  # a token at a time: cheaper than a gather for a few
+            i = next((i for i, t in enumerate(ids.tolist()) if weights[i, t] <= 0.0), None)
+            if i is not None:
                 raise ValueError(
                     f"{row_name(step, 'draft_token_ids', b, i)}: token {int(ids[i])} has "
                     "probability 0 under the draft's law (its logits under these sampling "
