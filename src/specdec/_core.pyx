@@ -565,6 +565,22 @@ cdef bint plain_row_laws_args(object rows, object laws_out, object weights_out,
             and cnp.PyArray_DIM(laws, 0) >= n_rows)
 
 
+cdef int check_row_laws_views(object rows, object laws_out, object weights_out) except -1:
+    """Raise, as typed views do, where row_laws' arrays (already past check_row_laws_args)
+    are not C-contiguous and native, or an output is read-only: then their data can be
+    read through pointers, as plain arrays' are."""
+    cdef RowLaw[::1] _laws = laws_out
+    cdef const float[:, ::1] _rows32
+    cdef const double[:, ::1] _rows64
+    cdef float[:, ::1] _weights32
+    cdef double[:, ::1] _weights64
+    if rows.dtype == np.float32:
+        _rows32, _weights32 = rows, weights_out
+    else:
+        _rows64, _weights64 = rows, weights_out
+    return 0
+
+
 def row_laws(rows, controls, laws_out, weights_out, Workspace work not None):
     """Compiled twin of ``specdec._fallback.row_laws``, whose docstring _backend copies."""
     cdef bint plain = plain_row_laws_args(rows, laws_out, weights_out, work.vocab_size)
@@ -575,42 +591,21 @@ def row_laws(rows, controls, laws_out, weights_out, Workspace work not None):
     cdef int err = 0
     if n_rows == 0:
         return
-    cdef RowLaw *laws
-    cdef const float *rows32
-    cdef const double *rows64
-    cdef float *weights32
-    cdef double *weights64
-    cdef RowLaw[::1] laws_view
-    cdef const float[:, ::1] rows32_view
-    cdef const double[:, ::1] rows64_view
-    cdef float[:, ::1] weights32_view
-    cdef double[:, ::1] weights64_view
-    # Pointers first (plain arrays: straight to their data; anything else through typed
-    # views, which check and hold it), then the passes without the GIL, so that threads
-    # (the engine's batches) compute row laws in parallel.
-    if plain:
-        laws = <RowLaw *> cnp.PyArray_DATA(<cnp.ndarray> laws_out)
-    else:
-        laws_view = laws_out
-        laws = &laws_view[0]
+    if not plain:
+        check_row_laws_views(rows, laws_out, weights_out)
+    # Pointers first (the checks above make them safe), then the passes without the GIL,
+    # so that threads (the engine's batches) compute row laws in parallel.
+    cdef RowLaw *laws = <RowLaw *> cnp.PyArray_DATA(<cnp.ndarray> laws_out)
+    cdef const void *row_data = cnp.PyArray_DATA(<cnp.ndarray> rows)
+    cdef void *weight_data = cnp.PyArray_DATA(<cnp.ndarray> weights_out)
     if rows.dtype == np.float32:
-        if plain:
-            rows32 = <const float *> cnp.PyArray_DATA(<cnp.ndarray> rows)
-            weights32 = <float *> cnp.PyArray_DATA(<cnp.ndarray> weights_out)
-        else:
-            rows32_view, weights32_view = rows, weights_out
-            rows32, weights32 = &rows32_view[0, 0], &weights32_view[0, 0]
         with nogil:
-            err = fill_row_laws[float](rows32, n_rows, n, &c, laws, weights32, work, &failed)
+            err = fill_row_laws[float](<const float *> row_data, n_rows, n, &c, laws,
+                                       <float *> weight_data, work, &failed)
     else:
-        if plain:
-            rows64 = <const double *> cnp.PyArray_DATA(<cnp.ndarray> rows)
-            weights64 = <double *> cnp.PyArray_DATA(<cnp.ndarray> weights_out)
-        else:
-            rows64_view, weights64_view = rows, weights_out
-            rows64, weights64 = &rows64_view[0, 0], &weights64_view[0, 0]
         with nogil:
-            err = fill_row_laws[double](rows64, n_rows, n, &c, laws, weights64, work, &failed)
+            err = fill_row_laws[double](<const double *> row_data, n_rows, n, &c, laws,
+                                        <double *> weight_data, work, &failed)
     if err:
         raise InvalidLogitsError(failed, err)
 
