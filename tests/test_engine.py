@@ -522,6 +522,20 @@ def test_strided_inputs_are_read_right(backend):
     )
     assert np.array_equal(got.tokens, expected.tokens)
 
+    # unaligned rows (a buffer at an odd offset), which the compiled batch path leaves
+    # to the per-sequence one
+    def unaligned(a):
+        raw = np.zeros(a.nbytes + 1, np.uint8)
+        view = np.frombuffer(raw.data, a.dtype, a.size, offset=1).reshape(a.shape)
+        view[...] = a
+        assert not view.flags.aligned
+        return view
+
+    got = verify_batch(
+        ids, unaligned(draft), unaligned(target), lengths, rngs=_seeds(6), backend=backend
+    )
+    assert np.array_equal(got.tokens, expected.tokens)
+
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_torch_tensors_through_dlpack(backend, dtype):

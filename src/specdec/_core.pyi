@@ -52,3 +52,25 @@ def verify_tree(
     work: Workspace,
     path_out: npt.NDArray[np.int64],
 ) -> tuple[int, int]: ...
+
+class _BatchStep:
+    """One batched verification's sequences, verified by every thread calling ``run``.
+
+    Compiled only: the engine's pure-Python path goes a sequence at a time.
+    """
+
+    n_accepted: npt.NDArray[np.int64]
+    next_tokens: npt.NDArray[np.int64]
+    tokens: npt.NDArray[np.int64]
+    failures: npt.NDArray[np.int64]
+    def __init__(
+        self,
+        target: _Logits,
+        draft: _Logits | None,
+        ids: npt.NDArray[np.int64],
+        lengths: npt.NDArray[np.int64],
+        controls: SamplingControls,
+        generators: list[np.random.Generator | None],
+        block: bool,
+    ) -> None: ...
+    def run(self, work: Workspace, laws_out: _Laws, weights_out: _Logits) -> None: ...

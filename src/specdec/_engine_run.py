@@ -12,10 +12,11 @@ import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 
 import numpy as np
 
-from specdec._common import LAW_DTYPE
+from specdec._common import LAW_DTYPE, InvalidLogitsError
 from specdec._engine_inputs import VerifyInputs
 from specdec._verifier import Draft, RowNamer
 
@@ -28,6 +29,15 @@ def row_name(step: VerifyInputs, name: str, b: int, i: int) -> str:
 def row_namer(step: VerifyInputs, name: str, b: int) -> RowNamer:
     """The verifier's row namer for argument ``name`` of sequence b."""
     return lambda i, reason: f"{row_name(step, name, b, i)} holds {reason}"
+
+
+def zero_draft_probability(step: VerifyInputs, b: int, i: int) -> str:
+    """The error for draft token i of sequence b, of probability 0 under its draft logits."""
+    return (
+        f"{row_name(step, 'draft_token_ids', b, i)}: token {int(step.ids[b, i])} has "
+        "probability 0 under the draft's law (its logits under these sampling "
+        "controls), so it cannot have been drawn from it"
+    )
 
 
 def draft_law(step: VerifyInputs, b: int, n: int, ids: np.ndarray, parents=None) -> Draft:
@@ -54,11 +64,7 @@ def draft_law(step: VerifyInputs, b: int, n: int, ids: np.ndarray, parents=None)
             weights = draft.weights  # a token at a time: cheaper than a gather for a few
             i = next((i for i, t in enumerate(ids.tolist()) if weights[i, t] <= 0.0), None)
             if i is not None:
-                raise ValueError(
-                    f"{row_name(step, 'draft_token_ids', b, i)}: token {int(ids[i])} has "
-                    "probability 0 under the draft's law (its logits under these sampling "
-                    "controls), so it cannot have been drawn from it"
-                )
+                raise ValueError(zero_draft_probability(step, b, i))
         return draft
     # probabilities, taken as given: finite, >= 0, positive mass, positive q(x)
     low = rows.min(axis=1)
@@ -149,15 +155,22 @@ def _submit(function, copies: int) -> list:
         return [_pool.submit(function) for _ in range(copies)]
 
 
-def run(step: VerifyInputs, n_threads: int, out_accepted, out_next) -> None:
+def run(step: VerifyInputs, n_threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Verify every sequence (on up to ``n_threads`` threads, this one included).
 
     Sequences are claimed in increasing order from one counter, and every sequence is
     verified even after another failed: so each generator advances as its own call
     would, and the error raised (the lowest failing sequence's) does not depend on the
-    scheduling.
+    scheduling.  The compiled backend verifies a thread's whole share without the GIL
+    (``_BatchStep``), but for probabilities as drafts, whose checks are NumPy's.
+
+    Returns ``(n_accepted, next_tokens, tokens)``, as :class:`specdec.engine.BatchResult`.
     """
-    batch = len(step.ids)
+    if _compiled_batch(step):
+        return _run_compiled(step, n_threads)
+    batch, width = step.ids.shape
+    out_accepted = np.zeros(batch, dtype=np.int64)
+    out_next = np.full(batch, -1, dtype=np.int64)
     errors: dict[int, BaseException] = {}
     claim = itertools.count()  # next() is atomic under the GIL
 
@@ -179,3 +192,72 @@ def run(step: VerifyInputs, n_threads: int, out_accepted, out_next) -> None:
             future.result()
     if errors:
         raise errors[min(errors)]
+    tokens = np.full((batch, width + 1), -1, dtype=np.int64)
+    tokens[:, :width] = np.where(np.arange(width) < out_accepted[:, np.newaxis], step.ids, -1)
+    tokens[np.arange(batch), out_accepted] = out_next
+    return out_accepted, out_next, tokens
+
+
+#: Where a sequence of a compiled batch failed (``_BatchStep.failures`` column 0):
+#: the argument its row belongs to.
+_FAILED_ROWS = {1: "draft", 3: "target_logits"}
+_FAILED_DRAFT_TOKEN = 2
+
+
+def _compiled_batch(step: VerifyInputs) -> bool:
+    """Whether ``_BatchStep`` verifies this step.
+
+    It does for the compiled kernels, logits or one-hot drafts and aligned rows; anything
+    else goes a sequence at a time (through typed views, which read any layout).
+    """
+    return (
+        len(step.ids) > 0
+        and step.kind != "probs"
+        and hasattr(step.verifier.kernels, "_BatchStep")
+        and step.target.flags.aligned
+        and (step.draft is None or step.draft.flags.aligned)
+    )
+
+
+def _run_compiled(step: VerifyInputs, n_threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`run` through the compiled ``_BatchStep``: one GIL-free stretch per thread."""
+    batch, width = step.ids.shape
+    vocab = step.target.shape[2]
+    kernels = step.verifier.kernels
+    job = kernels._BatchStep(
+        step.target,
+        step.draft,
+        np.ascontiguousarray(step.ids),
+        np.ascontiguousarray(step.lengths),
+        step.controls,
+        step.generators,
+        step.block,
+    )
+    dtype = np.float32 if step.draft is None else step.draft.dtype
+
+    def work() -> None:
+        buffers = step.verifier.thread_workspace(vocab)
+        laws, weights = buffers.draft_rows(max(width, 1), dtype)
+        job.run(buffers.kernel_work, laws, weights)
+
+    helpers = min(n_threads, batch) - 1
+    with ExitStack() as held:
+        # Each generator's lock, as a single call takes it; in one order, so that two
+        # batches sharing generators cannot each wait on the other.
+        for generator in sorted(filter(None, step.generators), key=id):
+            held.enter_context(generator.bit_generator.lock)
+        futures = _submit(work, helpers) if helpers > 0 else []
+        try:
+            work()
+        finally:
+            for future in futures:
+                future.result()
+    failures = job.failures
+    if failures[:, 0].any():
+        b = int(np.flatnonzero(failures[:, 0])[0])
+        where, row, code = (int(v) for v in failures[b])
+        if where == _FAILED_DRAFT_TOKEN:
+            raise ValueError(zero_draft_probability(step, b, row))
+        reason = InvalidLogitsError(row, code).reason
+        raise ValueError(row_namer(step, _FAILED_ROWS[where], b)(row, reason))
+    return job.n_accepted, job.next_tokens, job.tokens

@@ -363,6 +363,25 @@ SD_INLINE int sd_use_level(int level)
     return 0;
 }
 
+/* The next index of a counter that threads share (an engine batch's next sequence):
+ * each value is returned once, whatever the threads. */
+#if defined(_MSC_VER) && !defined(__clang__)
+#include <intrin.h>
+SD_INLINE Py_ssize_t sd_claim(Py_ssize_t *counter)
+{
+#if defined(_WIN64)
+    return (Py_ssize_t)_InterlockedExchangeAdd64((volatile __int64 *)counter, 1);
+#else
+    return (Py_ssize_t)_InterlockedExchangeAdd((volatile long *)counter, 1);
+#endif
+}
+#else
+SD_INLINE Py_ssize_t sd_claim(Py_ssize_t *counter)
+{
+    return __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED);
+}
+#endif
+
 /* Each kernel's public name calls the active level's. */
 #define SD_DISPATCH(ret, name, params, args) \
     SD_INLINE ret name params { return sd_active->name args; }

@@ -85,3 +85,4 @@ cdef extern from "_kernels.h" nogil:
     int sd_level_supported(int level)
     int sd_use_level(int level)
     int sd_level_fuses(int level)
+    Py_ssize_t sd_claim(Py_ssize_t *counter)

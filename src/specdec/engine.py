@@ -238,13 +238,7 @@ def verify_batch(
         backend=backend,
         single=False,
     )
-    batch, width = step.ids.shape
-    n_accepted = np.zeros(batch, dtype=np.int64)
-    next_tokens = np.full(batch, -1, dtype=np.int64)
     if n_threads is None:
         threads = default_threads(step, threads)
-    run(step, threads, n_accepted, next_tokens)
-    tokens = np.full((batch, width + 1), -1, dtype=np.int64)
-    tokens[:, :width] = np.where(np.arange(width) < n_accepted[:, np.newaxis], step.ids, -1)
-    tokens[np.arange(batch), n_accepted] = next_tokens
+    n_accepted, next_tokens, tokens = run(step, threads)
     return BatchResult(n_accepted, next_tokens, tokens)
