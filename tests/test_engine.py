@@ -196,9 +196,9 @@ def test_the_thread_pool_is_reused_and_grown_on_demand(backend):
 
 
 def test_the_default_uses_threads_only_where_they_pay(backend, monkeypatch):
-    """n_threads=None: one thread for sequences of few logits (their Python, which the
-    GIL serialises, outweighs their kernels), every core for large ones; a number
-    given is used as given."""
+    """n_threads=None: one thread for batches of few logits (the hand-offs, and a
+    sequence's Python where the GIL serialises it, outweigh their kernels), every core
+    for large ones; a number given is used as given."""
     used = []
     real_run = engine.run
 
@@ -209,7 +209,10 @@ def test_the_default_uses_threads_only_where_they_pay(backend, monkeypatch):
     monkeypatch.setattr(engine, "run", recording_run)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     rows_per_sequence = 2 * 4 + 1  # 4 drafted rows of logits and 5 target rows
-    threshold_vocab = -(-_engine_run.MIN_THREADED_LOGITS // rows_per_sequence)
+    if backend == "cython":  # the compiled batch kernel: the whole batch's logits count
+        threshold_vocab = -(-_engine_run.MIN_THREADED_BATCH_LOGITS // (2 * rows_per_sequence))
+    else:  # a sequence at a time: its own logits count
+        threshold_vocab = -(-_engine_run.MIN_THREADED_LOGITS // rows_per_sequence)
     rng = np.random.default_rng(5)
     for vocab in (40, threshold_vocab - 1, threshold_vocab):
         target = rng.standard_normal((2, 5, vocab))

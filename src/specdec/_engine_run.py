@@ -112,25 +112,37 @@ def verify_one(step: VerifyInputs, b: int) -> tuple[int, int]:
 
 
 #: Logits a sequence's kernels read, on average, below which the default runs a batch
-#: on one thread.  Each sequence also runs about 10 us of Python, which the GIL
-#: serialises, and every hand-off between threads costs: on a 2-core VM two threads
-#: were 0.4-0.7x one below 36,000 logits per sequence, 1.0-1.1x at 72,000-144,000, and
-#: 1.3-1.6x from 288,000 (bench_engine's cells, 2026-12-06).
+#: verified a sequence at a time (probabilities as drafts, or the pure-Python backend)
+#: on one thread.  Each sequence runs about 10 us of Python, which the GIL serialises,
+#: and every hand-off between threads costs: on a 2-core VM two threads were 0.4-0.7x
+#: one below 36,000 logits per sequence, 1.0-1.1x at 72,000-144,000, and 1.3-1.6x from
+#: 288,000 (bench_engine's cells, 2026-12-06).
 MIN_THREADED_LOGITS = 65_536
+
+#: Logits a whole batch reads below which the default runs the compiled ``_BatchStep``
+#: on one thread: it has no per-sequence Python, so only the one hand-off per thread
+#: must pay.  On a 2-core VM (2026-12-06, k = 4) two threads ran at 0.92x one for
+#: 295,000 logits (B = 8, V = 4,096), 1.10x for 590,000 (B = 8, V = 8,192) and 1.22x
+#: for 590,000 (B = 64, V = 1,024); 1.5-1.8x from 2.4 million.
+MIN_THREADED_BATCH_LOGITS = 524_288
 
 
 def default_threads(step: VerifyInputs, cores: int) -> int:
     """Threads for a batch when the caller did not say how many.
 
-    All ``cores``, unless each sequence reads too few logits for a thread to pay
-    (:data:`MIN_THREADED_LOGITS`).
+    All ``cores``, unless the batch reads too few logits for a thread to pay
+    (:data:`MIN_THREADED_BATCH_LOGITS` in all through the compiled batch kernel,
+    :data:`MIN_THREADED_LOGITS` a sequence otherwise).
     """
     batch = len(step.ids)
     if batch < 2 or cores < 2:
         return 1
     drafts = int(step.lengths.sum())
     rows = batch + drafts + (drafts if step.kind == "logits" else 0)  # target + draft rows
-    return cores if rows * step.target.shape[2] >= MIN_THREADED_LOGITS * batch else 1
+    logits = rows * step.target.shape[2]
+    if _compiled_batch(step):
+        return cores if logits >= MIN_THREADED_BATCH_LOGITS else 1
+    return cores if logits >= MIN_THREADED_LOGITS * batch else 1
 
 
 _pool_lock = threading.Lock()

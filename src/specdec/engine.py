@@ -31,7 +31,9 @@ Threads
 The compiled kernels release the GIL while they read the rows, so the sequences of a
 batch run in parallel on a thread pool kept by this module (created on first use,
 grown if a call asks for more threads, up to the number of cores; never per call).
-The calling thread works too; each thread keeps its own kernel ``Workspace`` and
+Each thread claims sequences from a shared counter and verifies them in one stretch
+without the GIL (logits or one-hot drafts; with probabilities a sequence's checks run
+in NumPy).  The calling thread works too; each thread keeps its own kernel ``Workspace`` and
 draft buffers, sized for the vocabulary and reused across calls.  The pure-Python
 backend runs on the same threads (without speed-up: NumPy's passes are short and the
 GIL is held between them).
@@ -208,9 +210,10 @@ def verify_batch(
         is capped at ``os.cpu_count()``: the kernels are CPU-bound, so more threads
         than cores only wait on one another (and the module's pool, whose threads
         outlive the call, stays at most that large).  Default: every core when the
-        sequences read at least 65,536 logits each on average (drafts' and target's
-        rows), else 1: below that a sequence's Python, which threads take turns at,
-        outweighs its kernels, and two threads ran at 0.4-0.7x one.
+        batch reads at least 524,288 logits (drafts' and target's rows; with
+        ``draft_kind="probs"`` or the pure-Python backend, 65,536 a sequence on
+        average, as a sequence's Python then takes turns at the GIL), else 1: below
+        that the hand-off to another thread outweighs what it saves.
 
     Returns
     -------
