@@ -256,8 +256,9 @@ def _run_compiled(step: VerifyInputs, n_threads: int) -> tuple[np.ndarray, np.nd
     with ExitStack() as held:
         # Each generator's lock, as a single call takes it; in one order, so that two
         # batches sharing generators cannot each wait on the other.
-        for generator in sorted(filter(None, step.generators), key=id):
-            held.enter_context(generator.bit_generator.lock)
+        bit_generators = (g.bit_generator for g in step.generators if g is not None)
+        for bit_generator in sorted(bit_generators, key=id):
+            held.enter_context(bit_generator.lock)
         futures = _submit(work, helpers) if helpers > 0 else []
         try:
             work()
