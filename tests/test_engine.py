@@ -30,6 +30,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import PURE_PYTHON
 from law_models import ContextModel, pooled_chisquare, same_state, warped_probs
 
 import specdec
@@ -816,3 +817,39 @@ def test_public_functions_have_numpydoc_docstrings():
         assert "Parameters\n    ----------" in function.__doc__
         assert "Returns\n    -------" in function.__doc__
     assert "Attributes" in engine.BatchResult.__doc__
+
+
+# --- the compiled batch kernel's own guards -----------------------------------------------
+
+
+@pytest.mark.skipif(PURE_PYTHON, reason="no compiled core in a pure-Python install")
+def test_the_compiled_batch_kernel_refuses_what_would_read_out_of_bounds():
+    """verify_batch checks its inputs before ``_BatchStep``; the kernel checks again what
+    would make it read outside the arrays, so a wrong private caller gets an error."""
+    from specdec import _core
+    from specdec._validation import SamplingControls
+
+    rng = np.random.default_rng(0)
+    target = rng.standard_normal((2, 4, 10)).astype(np.float32)
+    draft = rng.standard_normal((2, 3, 10)).astype(np.float32)
+    ids = np.zeros((2, 3), np.int64)
+    lengths = np.array([3, 2], np.int64)
+    controls = SamplingControls.from_user(1.0, None, None, None)
+    gens = _seeds(2)
+
+    def step(**change):
+        args = {"target": target, "draft": draft, "ids": ids, "lengths": lengths}
+        args.update(change)
+        return _core._BatchStep(
+            args["target"], args["draft"], args["ids"], args["lengths"], controls, gens, True
+        )
+
+    step()  # the good arguments pass
+    with pytest.raises(ValueError, match=r"lengths\[1\] is outside"):
+        step(lengths=np.array([3, 4], np.int64))
+    with pytest.raises(ValueError, match=r"ids\[0, 2\] is outside"):
+        step(ids=np.array([[0, 0, 10], [0, 0, 0]], np.int64))
+    with pytest.raises(ValueError, match="rows must be C-contiguous"):
+        step(target=np.asfortranarray(target))
+    with pytest.raises(TypeError, match="float32 or float64"):
+        step(target=target.astype(np.float16))

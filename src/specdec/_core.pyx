@@ -1083,6 +1083,13 @@ cdef class _BatchStep:
             raise ValueError("ids must have shape (B, K)")
         if length_view.shape[0] != self.batch or len(generators) != self.batch:
             raise ValueError("lengths and generators must have one entry per sequence")
+        cdef Py_ssize_t b, i
+        for b in range(self.batch):  # the engine checked them; a wrong caller must not crash
+            if not 0 <= length_view[b] <= self.width:
+                raise ValueError(f"lengths[{b}] is outside [0, K]")
+            for i in range(length_view[b]):
+                if not 0 <= id_view[b, i] < self.n:
+                    raise ValueError(f"ids[{b}, {i}] is outside the vocabulary")
         if self.batch:
             self.ids = &id_view[0, 0] if self.width else NULL
             self.lengths = &length_view[0]
@@ -1093,7 +1100,6 @@ cdef class _BatchStep:
         self.bitgens = <bitgen_t **> malloc(max(self.batch, 1) * sizeof(bitgen_t *))
         if self.bitgens == NULL:
             raise MemoryError()
-        cdef Py_ssize_t b
         for b in range(self.batch):
             self.bitgens[b] = NULL if self.c.greedy else bitgen_of(generators[b].bit_generator)
         outcome = np.empty((2, self.batch), dtype=np.int64)
