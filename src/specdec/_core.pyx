@@ -2,7 +2,9 @@
 """Compiled kernels of specdec: draft-token sampling, block and tree verification.
 
 Each ``def`` here has a twin of the same name and signature in ``_fallback.py``; the
-decoder calls one or the other.  Both draw every uniform with one ``next_double`` of
+decoder calls one or the other.  One class has none: ``_BatchStep``, the engine's batch
+verified a thread's share at a time without the GIL (the pure-Python path verifies a
+sequence at a time through the twins).  Both draw every uniform with one ``next_double`` of
 the caller's ``numpy.random.Generator`` (``Generator.random()`` is exactly that), in
 the same order, so one seed gives the same decisions on both backends.
 
@@ -21,11 +23,12 @@ import, see ``_use_simd_level``).  At the x86-64 baseline level (no FMA) the flo
 rounds each multiply and add, and the twin then does the same (``_backend`` sets
 ``_fallback.FUSED_F32``), so the weights stay bit-identical at every level.
 
-Why one module of about 900 lines: every entry point here (``sample_token``, ``row_laws``,
-``verify``, ``verify_tree``) is a thin typed layer over the same inline nogil helpers
-(row laws, residuals, picks, one-hot removal), and Cython shares inline helpers only
-within a module (a split would need ``include`` files or cross-module calls through
-function pointers); the arithmetic itself lives in ``_kernels.h`` and its templates.
+Why one module of about 1,400 lines: every entry point here (``sample_token``,
+``row_laws``, ``verify``, ``verify_tree``, ``_BatchStep``) is a thin typed layer over the
+same inline nogil helpers (row laws, residuals, picks, one-hot removal), and Cython
+shares inline helpers only within a module (a split would need ``include`` files or
+cross-module calls through function pointers); the arithmetic itself lives in
+``_kernels.h`` and its templates.
 """
 
 cimport numpy as cnp
