@@ -2,8 +2,10 @@
 
 :func:`verify_one` verifies one sequence of a :class:`~specdec._engine_inputs.VerifyInputs` on the
 calling thread, through the step's :class:`~specdec._verifier.Verifier` and that
-thread's workspace; :func:`run` spreads a batch over the module's pool.  Kernel errors
-become ``ValueError``s naming the sequence and row (:func:`row_namer`).
+thread's workspace; :func:`run` spreads a batch over the module's pool, through the
+compiled ``_BatchStep`` where it can (each thread's share in one stretch without the
+GIL), else a sequence at a time.  Kernel errors become ``ValueError``s naming the
+sequence and row (:func:`row_namer`).
 """
 
 from __future__ import annotations
