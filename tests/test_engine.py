@@ -196,6 +196,48 @@ def test_the_thread_pool_is_reused_and_grown_on_demand(backend):
     assert np.array_equal(many.tokens, one.tokens)
 
 
+def test_calls_from_several_threads_at_once_equal_the_same_calls_in_turn(backend):
+    """The module's pool is shared: calls made at the same time (each on 2 threads) give
+    what they give one after another, and two calls that share generators, listed in
+    opposite orders, both finish (the generators' locks are taken in one order)."""
+    import threading
+
+    batches = [_random_batch(60 + i, batch=6, vocab=300) for i in range(4)]
+    alone = [
+        verify_batch(*batch, rngs=_seeds(6, base=10 * i), n_threads=2, backend=backend)
+        for i, batch in enumerate(batches)
+    ]
+    together: dict = {}
+
+    def call(i):
+        together[i] = verify_batch(
+            *batches[i], rngs=_seeds(6, base=10 * i), n_threads=2, backend=backend
+        )
+
+    threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert all(np.array_equal(together[i].tokens, alone[i].tokens) for i in range(4))
+
+    shared = _seeds(6)
+    orders = [shared, shared[::-1]]
+    done = []
+
+    def call_shared(order):
+        for _ in range(20):
+            verify_batch(*batches[0], rngs=order, n_threads=2, backend=backend)
+        done.append(True)
+
+    threads = [threading.Thread(target=call_shared, args=(order,), daemon=True) for order in orders]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert done == [True, True]
+
+
 def test_the_default_uses_threads_only_where_they_pay(backend, monkeypatch):
     """n_threads=None: one thread for batches of few logits (the hand-offs, and a
     sequence's Python where the GIL serialises it, outweigh their kernels), every core
