@@ -855,6 +855,23 @@ cdef int greedy_chain(const target_logit_t *rows, const int64_t *tokens, Py_ssiz
     return err
 
 
+cdef int verify_chain_nogil(const target_logit_t *rows, const int64_t *tokens,
+                            Py_ssize_t n_draft, Py_ssize_t n, const draft_weight_t *q,
+                            Py_ssize_t q_stride, const RowLaw *q_laws, bint bonus,
+                            const Controls *c, Workspace work, bitgen_t *bitgen, bint block,
+                            Py_ssize_t *n_accepted, Py_ssize_t *token,
+                            Py_ssize_t *row_index) noexcept nogil:
+    """A chain's verification by the scheme the controls ask for: greedy (``bitgen`` may
+    then be NULL), block or token by token; 0 or an error code (for row *row_index)."""
+    if c.greedy:
+        return greedy_chain(rows, tokens, n_draft, n, bonus, n_accepted, token, row_index)
+    if block:
+        return verify_block_nogil(rows, tokens, n_draft, n, q, q_stride, q_laws, bonus, c,
+                                  work, bitgen, n_accepted, token, row_index)
+    return verify_token_nogil(rows, tokens, n_draft, n, q, q_stride, q_laws, bonus, c, work,
+                              bitgen, n_accepted, token, row_index)
+
+
 cdef object verify_rows(const target_logit_t *rows, const int64_t *tokens, Py_ssize_t n_draft,
                         Py_ssize_t n, const draft_weight_t *q, Py_ssize_t q_stride,
                         const RowLaw *q_laws, bint bonus, const Controls *c, object rng,
@@ -863,9 +880,10 @@ cdef object verify_rows(const target_logit_t *rows, const int64_t *tokens, Py_ss
     one-hot drafts, else (>= n_draft, n) with rows ``q_stride`` apart."""
     cdef Py_ssize_t i = 0, n_accepted = 0, token = -1
     cdef int err = 0
-    if c.greedy:
+    if c.greedy:  # draws nothing: no generator, no lock
         with nogil:
-            err = greedy_chain(rows, tokens, n_draft, n, bonus, &n_accepted, &token, &i)
+            err = verify_chain_nogil(rows, tokens, n_draft, n, q, q_stride, q_laws, bonus, c,
+                                     work, NULL, block, &n_accepted, &token, &i)
         if err:
             raise InvalidLogitsError(i, err)
         return n_accepted, token
@@ -875,12 +893,8 @@ cdef object verify_rows(const target_logit_t *rows, const int64_t *tokens, Py_ss
     bit_generator = rng.bit_generator
     cdef bitgen_t *bitgen = bitgen_of(bit_generator)
     with bit_generator.lock, nogil:
-        if block:
-            err = verify_block_nogil(rows, tokens, n_draft, n, q, q_stride, q_laws, bonus, c,
-                                     work, bitgen, &n_accepted, &token, &i)
-        else:
-            err = verify_token_nogil(rows, tokens, n_draft, n, q, q_stride, q_laws, bonus, c,
-                                     work, bitgen, &n_accepted, &token, &i)
+        err = verify_chain_nogil(rows, tokens, n_draft, n, q, q_stride, q_laws, bonus, c,
+                                 work, bitgen, block, &n_accepted, &token, &i)
     if err:
         raise InvalidLogitsError(i, err)
     return n_accepted, token
@@ -1018,14 +1032,8 @@ cdef void verify_sequence(const target_logit_t *rows, const draft_weight_t *draf
                     failure(failed, FAILED_DRAFT_TOKEN, i, 0)
                     return
         q_read, q_laws_read = q, q_laws
-    if c.greedy:
-        err = greedy_chain(rows, tokens, n_draft, n, True, &kept, &token, &row)
-    elif block:
-        err = verify_block_nogil(rows, tokens, n_draft, n, q_read, n, q_laws_read, True, c,
-                                 work, bitgen, &kept, &token, &row)
-    else:
-        err = verify_token_nogil(rows, tokens, n_draft, n, q_read, n, q_laws_read, True, c,
-                                 work, bitgen, &kept, &token, &row)
+    err = verify_chain_nogil(rows, tokens, n_draft, n, q_read, n, q_laws_read, True, c, work,
+                             bitgen, block, &kept, &token, &row)
     if err:
         failure(failed, FAILED_TARGET_ROW, row, err)
         return

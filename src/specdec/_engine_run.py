@@ -169,6 +169,19 @@ def _submit(function, copies: int) -> list:
         return [_pool.submit(function) for _ in range(copies)]
 
 
+def _on_threads(work, threads: int) -> None:
+    """Run ``work`` on ``threads`` threads (this one and the pool's) and wait for them.
+
+    A helper's exception is raised here, once every thread has finished.
+    """
+    futures = _submit(work, threads - 1) if threads > 1 else []
+    try:
+        work()
+    finally:
+        for future in futures:
+            future.result()
+
+
 def run(step: VerifyInputs, n_threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Verify every sequence (on up to ``n_threads`` threads, this one included).
 
@@ -197,13 +210,7 @@ def run(step: VerifyInputs, n_threads: int) -> tuple[np.ndarray, np.ndarray, np.
             except Exception as error:
                 errors[b] = error
 
-    helpers = min(n_threads, batch) - 1
-    futures = _submit(work, helpers) if helpers > 0 else []
-    try:
-        work()
-    finally:
-        for future in futures:
-            future.result()
+    _on_threads(work, min(n_threads, batch))
     if errors:
         raise errors[min(errors)]
     tokens = np.full((batch, width + 1), -1, dtype=np.int64)
@@ -254,19 +261,13 @@ def _run_compiled(step: VerifyInputs, n_threads: int) -> tuple[np.ndarray, np.nd
         laws, weights = buffers.draft_rows(max(width, 1), dtype)
         job.run(buffers.kernel_work, laws, weights)
 
-    helpers = min(n_threads, batch) - 1
     with ExitStack() as held:
         # Each generator's lock, as a single call takes it; in one order, so that two
         # batches sharing generators cannot each wait on the other.
         bit_generators = (g.bit_generator for g in step.generators if g is not None)
         for bit_generator in sorted(bit_generators, key=id):
             held.enter_context(bit_generator.lock)
-        futures = _submit(work, helpers) if helpers > 0 else []
-        try:
-            work()
-        finally:
-            for future in futures:
-                future.result()
+        _on_threads(work, min(n_threads, batch))
     failures = job.failures
     if failures[:, 0].any():
         b = int(np.flatnonzero(failures[:, 0])[0])
