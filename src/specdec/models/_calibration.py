@@ -177,21 +177,26 @@ def _kept(store: dict, model: Any, measure) -> np.ndarray:
     return curve
 
 
-def _chain_pass(model: Any, seq: np.ndarray, n_base: int, k: int) -> None:
+def _chain_pass(model: Any, seq: np.ndarray, n_base: int, k: int) -> list:
     """A pass over ``k`` tokens after ``seq[:n_base + 1]``, then the one-token passes after it.
 
-    As many as ``cost.AFTERMATH_PASSES``: they carry the batch's slowdown.
+    As many as ``cost.AFTERMATH_PASSES``: they carry the batch's slowdown.  Returns the
+    clock's reading after each pass.
     """
     model._evaluate(seq[: n_base + 1 + k], n_base + 1, k)
+    readings = [time.perf_counter()]
     for j in range(cost.AFTERMATH_PASSES):
         model._evaluate(seq[: n_base + 2 + k + j], n_base + 1 + k + j, 1)
+        readings.append(time.perf_counter())
+    return readings
 
 
-def _tree_pass(model: Any, seq: np.ndarray, n_base: int, k: int) -> None:
+def _tree_pass(model: Any, seq: np.ndarray, n_base: int, k: int) -> list:
     """A two-branch tree over ``k`` tokens, then ``cost.AFTERMATH_PASSES`` one-token passes.
 
     The tree has ``k - 1`` nodes after ``seq[:n_base + 1]``; the next pass follows its
-    first branch (the one the adapters' caches keep).
+    first branch (the one the adapters' caches keep).  Returns the clock's reading
+    after each pass.
     """
     nodes = k - 1
     first = (nodes + 1) // 2
@@ -200,20 +205,25 @@ def _tree_pass(model: Any, seq: np.ndarray, n_base: int, k: int) -> None:
     prefix = seq[: n_base + 1]
     tree = seq[n_base + 1 : n_base + 1 + nodes]
     model.forward_tree(prefix, tree, parents)
+    readings = [time.perf_counter()]
     after = seq[: n_base + 1 + first]
     for j in range(cost.AFTERMATH_PASSES):
         next_token = seq[n_base + 1 + nodes + j : n_base + 2 + nodes + j]
         after = np.concatenate([after, next_token])
         model.forward(after[None, :], logits_to_keep=1)
+        readings.append(time.perf_counter())
+    return readings
 
 
-def _timed_rounds(model, max_length, what: str, plan) -> dict:
-    """Time ``plan``'s passes in interleaved rounds; ``{(kind, k): [seconds by round]}``.
+def _timed_rounds(model, max_length, what: str, plan) -> tuple[dict, dict]:
+    """Time ``plan``'s passes in interleaved rounds; ``(times, parts)``.
 
     ``plan`` is a list of ``(kind, k)``, kind ``"chain"`` or ``"tree"`` (a two-branch tree
-    over ``k`` tokens).  Each timing holds the pass and the one-token pass after it, both
-    after a one-token pass, as in decoding; a round times every entry once (in reverse
-    order every other round), so that a change of load hits all entries of a round alike.
+    over ``k`` tokens).  ``times[kind, k]`` lists each round's timing of the pass and
+    the A = ``cost.AFTERMATH_PASSES`` one-token passes after it, all after a one-token
+    pass, as in decoding; ``parts[kind, k]`` is an array (rounds, A + 1) of the same
+    rounds' passes timed one by one.  A round times every entry once (in reverse order
+    every other round), so that a change of load hits all entries of a round alike.
     """
     logger.info(
         "specdec: measuring %s's cost of a %s pass over 1..%d tokens (once per process "
@@ -241,7 +251,7 @@ def _timed_rounds(model, max_length, what: str, plan) -> dict:
     # nor may the check of the curve take the calibration's passes for decoding's
     check, model.cost_check = model.cost_check, None
 
-    def one_pass(kind: str, k: int) -> float:
+    def one_pass(kind: str, k: int) -> np.ndarray:
         # As in decoding: the pass over k tokens comes after a one-token pass, and the
         # next steps' one-token passes are timed with it.  They pay for the batch
         # before them (llama.cpp: a token after a batch of 16 took 15% longer than after
@@ -253,8 +263,7 @@ def _timed_rounds(model, max_length, what: str, plan) -> dict:
             model._evaluate(seq[:n_base], n_cached, 1)
         model._evaluate(seq[: n_base + 1], n_base, 1)
         begin = time.perf_counter()
-        passes[kind](model, seq, n_base, k)
-        return time.perf_counter() - begin
+        return np.diff([begin, *passes[kind](model, seq, n_base, k)])
 
     try:
         # Warm-up: the first passes fault weights and buffers in.  With one pass of
@@ -267,11 +276,14 @@ def _timed_rounds(model, max_length, what: str, plan) -> dict:
             one_pass(plan[-1][0], MAX_TOKENS)
         rounds_started = time.perf_counter()
         times: dict = {entry: [] for entry in plan}
+        parts: dict = {entry: [] for entry in plan}
         for round_ in range(ROUNDS):
             if round_ and time.perf_counter() - rounds_started > TIME_BUDGET:
                 break
             for kind, k in plan if round_ % 2 == 0 else plan[::-1]:
-                times[kind, k].append(one_pass(kind, k))
+                passes_ = one_pass(kind, k)
+                times[kind, k].append(float(passes_.sum()))
+                parts[kind, k].append(passes_)
     finally:
         model._roll_back(restore)
         model.n_evaluated_tokens, model.n_forward_calls = counters
@@ -282,7 +294,7 @@ def _timed_rounds(model, max_length, what: str, plan) -> dict:
         what,
         time.perf_counter() - started,
     )
-    return times
+    return times, {entry: np.array(rounds) for entry, rounds in parts.items()}
 
 
 def implausibility(curve: np.ndarray, times: dict) -> str | None:
@@ -343,14 +355,27 @@ def _chain_curve(model, max_length) -> np.ndarray:
 
     def measure():
         plan = [("chain", k) for k in MEASURED_SIZES]
-        times = _timed_rounds(model, max_length, "chain", plan)
+        times, parts = _timed_rounds(model, max_length, "chain", plan)
         # A timing holds the pass and the A = cost.AFTERMATH_PASSES one-token passes
-        # after it; for k = 1, A + 1 one-token passes: a pass over k tokens costs
-        # timing(k) - A * one, with one = timing(1) / (A + 1).
-        medians = np.array([np.median(times["chain", k]) for k in MEASURED_SIZES])
-        one = medians[0] / (cost.AFTERMATH_PASSES + 1)
-        passes = (medians - cost.AFTERMATH_PASSES * one) / one
-        curve = np.interp(np.arange(1, MAX_TOKENS + 1), MEASURED_SIZES, passes)
+        # after it.  A pass over k tokens costs its own time plus the slowdown of the A
+        # passes after it.  Taken from the sum of the two (as until 2026-12-06), a
+        # pass's cost carried the noise of seven passes: six calibrations in one quiet
+        # process put 2 tokens at 1.27-2.03 one-token passes (the pass alone:
+        # 1.53-1.64).  So every pass is timed alone, each position's median taken over
+        # the rounds (an interruption hits one pass of one round), and the slowdown,
+        # small and noisy at each size, is fitted once over the batch sizes as a line
+        # in the tokens after the first (llama.cpp here, 2026-12-06: about 0.15 + 0.06
+        # per token; a constant on another machine).
+        sizes = np.array(MEASURED_SIZES, dtype=np.float64)
+        medians = np.array([np.median(parts["chain", k], axis=0) for k in MEASURED_SIZES])
+        one = medians[0, 0]  # a token after a token
+        alone = medians[:, 0] / one
+        after = medians[:, 1:].sum(axis=1)
+        slowdown = (after[1:] - after[0]) / one  # the passes after a batch, above after a token
+        slope, intercept = np.polyfit(sizes[1:] - 1, slowdown, 1)
+        passes = alone.copy()
+        passes[1:] += np.maximum(intercept + slope * (sizes[1:] - 1), 0.0)
+        curve = np.interp(np.arange(1, MAX_TOKENS + 1), sizes, passes)
         return _finished(curve), times
 
     def default():
@@ -372,7 +397,7 @@ def _tree_curve(model, max_length, chain: np.ndarray) -> np.ndarray:
 
     def measure():
         plan = [("chain", 1)] + [(kind, k) for k in TREE_SIZES for kind in ("chain", "tree")]
-        times = _timed_rounds(model, max_length, "tree", plan)
+        times, _ = _timed_rounds(model, max_length, "tree", plan)
         one = np.median(times["chain", 1]) / (cost.AFTERMATH_PASSES + 1)
         premium = [
             max(float(np.median(np.subtract(times["tree", k], times["chain", k]))), 0.0) / one
