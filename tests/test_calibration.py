@@ -22,9 +22,9 @@ import pytest
 from conftest import REQUIRE_MODELS, require_module, require_smollm2
 
 from specdec import models
+from specdec.drafters.cost import AFTERMATH_PASSES
 from specdec.models import _calibration
 from specdec.models._cached import PrefixCachedModel
-from specdec.drafters.cost import AFTERMATH_PASSES
 
 VOCAB = 97
 LLAMA_KW = dict(n_ctx=256, n_threads=1, seed=0, verbose=False)

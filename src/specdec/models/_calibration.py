@@ -281,9 +281,9 @@ def _timed_rounds(model, max_length, what: str, plan) -> tuple[dict, dict]:
             if round_ and time.perf_counter() - rounds_started > TIME_BUDGET:
                 break
             for kind, k in plan if round_ % 2 == 0 else plan[::-1]:
-                passes_ = one_pass(kind, k)
-                times[kind, k].append(float(passes_.sum()))
-                parts[kind, k].append(passes_)
+                timed = one_pass(kind, k)
+                times[kind, k].append(float(timed.sum()))
+                parts[kind, k].append(timed)
     finally:
         model._roll_back(restore)
         model.n_evaluated_tokens, model.n_forward_calls = counters
