@@ -358,17 +358,18 @@ def _chain_curve(model, max_length) -> np.ndarray:
         times, parts = _timed_rounds(model, max_length, "chain", plan)
         # A timing holds the pass and the A = cost.AFTERMATH_PASSES one-token passes
         # after it.  A pass over k tokens costs its own time plus the slowdown of the A
-        # passes after it.  Taken from the sum of the two (as until 2026-12-06), a
-        # pass's cost carried the noise of seven passes: six calibrations in one quiet
-        # process put 2 tokens at 1.27-2.03 one-token passes (the pass alone:
-        # 1.53-1.64).  So every pass is timed alone, each position's median taken over
-        # the rounds (an interruption hits one pass of one round), and the slowdown,
-        # small and noisy at each size, is fitted once over the batch sizes as a line
-        # in the tokens after the first (llama.cpp here, 2026-12-06: about 0.15 + 0.06
-        # per token; a constant on another machine).
+        # passes after it.  Taken from the sum of the two (as until 2026-12-06), one
+        # interrupted pass among the seven moved a size's price by a whole pass.  So
+        # every pass is timed alone, each position's median taken over the rounds (an
+        # interruption hits one pass of one round), and the slowdown, small and noisy
+        # at each size, is fitted once over the batch sizes as a line in the tokens
+        # after the first (llama.cpp here, 2026-12-06: about 0.15 + 0.06 per token; a
+        # constant on another machine).  What this does not remove: the machine's
+        # speed changing from one calibration to the next (on a 2-core VM, 2 tokens
+        # at 1.5-2.1 one-token passes either way, six calibrations a minute apart).
         sizes = np.array(MEASURED_SIZES, dtype=np.float64)
         medians = np.array([np.median(parts["chain", k], axis=0) for k in MEASURED_SIZES])
-        one = medians[0, 0]  # a token after a token
+        one = np.median(parts["chain", 1])  # a token after a token: every such pass timed
         alone = medians[:, 0] / one
         after = medians[:, 1:].sum(axis=1)
         slowdown = (after[1:] - after[0]) / one  # the passes after a batch, above after a token
