@@ -215,15 +215,15 @@ def _tree_pass(model: Any, seq: np.ndarray, n_base: int, k: int) -> list:
     return readings
 
 
-def _timed_rounds(model, max_length, what: str, plan) -> tuple[dict, dict]:
-    """Time ``plan``'s passes in interleaved rounds; ``(times, parts)``.
+def _timed_rounds(model, max_length, what: str, plan) -> dict:
+    """Time ``plan``'s passes in interleaved rounds; ``{(kind, k): array (rounds, A + 1)}``.
 
     ``plan`` is a list of ``(kind, k)``, kind ``"chain"`` or ``"tree"`` (a two-branch tree
-    over ``k`` tokens).  ``times[kind, k]`` lists each round's timing of the pass and
-    the A = ``cost.AFTERMATH_PASSES`` one-token passes after it, all after a one-token
-    pass, as in decoding; ``parts[kind, k]`` is an array (rounds, A + 1) of the same
-    rounds' passes timed one by one.  A round times every entry once (in reverse order
-    every other round), so that a change of load hits all entries of a round alike.
+    over ``k`` tokens).  A row holds one round's timings of the pass and of the A =
+    ``cost.AFTERMATH_PASSES`` one-token passes after it, one by one, all after a
+    one-token pass, as in decoding (:func:`_totals` sums them).  A round times every
+    entry once (in reverse order every other round), so that a change of load hits all
+    entries of a round alike.
     """
     logger.info(
         "specdec: measuring %s's cost of a %s pass over 1..%d tokens (once per process "
@@ -275,15 +275,12 @@ def _timed_rounds(model, max_length, what: str, plan) -> tuple[dict, dict]:
             one_pass("chain", 1)
             one_pass(plan[-1][0], MAX_TOKENS)
         rounds_started = time.perf_counter()
-        times: dict = {entry: [] for entry in plan}
         parts: dict = {entry: [] for entry in plan}
         for round_ in range(ROUNDS):
             if round_ and time.perf_counter() - rounds_started > TIME_BUDGET:
                 break
             for kind, k in plan if round_ % 2 == 0 else plan[::-1]:
-                timed = one_pass(kind, k)
-                times[kind, k].append(float(timed.sum()))
-                parts[kind, k].append(timed)
+                parts[kind, k].append(one_pass(kind, k))
     finally:
         model._roll_back(restore)
         model.n_evaluated_tokens, model.n_forward_calls = counters
@@ -294,7 +291,12 @@ def _timed_rounds(model, max_length, what: str, plan) -> tuple[dict, dict]:
         what,
         time.perf_counter() - started,
     )
-    return times, {entry: np.array(rounds) for entry, rounds in parts.items()}
+    return {entry: np.array(rounds) for entry, rounds in parts.items()}
+
+
+def _totals(parts: dict) -> dict:
+    """Each round's timing of the pass and the passes after it, summed: ``{entry: [s]}``."""
+    return {entry: rounds.sum(axis=1).tolist() for entry, rounds in parts.items()}
 
 
 def implausibility(curve: np.ndarray, times: dict) -> str | None:
@@ -355,7 +357,7 @@ def _chain_curve(model, max_length) -> np.ndarray:
 
     def measure():
         plan = [("chain", k) for k in MEASURED_SIZES]
-        times, parts = _timed_rounds(model, max_length, "chain", plan)
+        parts = _timed_rounds(model, max_length, "chain", plan)
         # A timing holds the pass and the A = cost.AFTERMATH_PASSES one-token passes
         # after it.  A pass over k tokens costs its own time plus the slowdown of the A
         # passes after it.  Taken from the sum of the two (as until 2026-12-06), one
@@ -377,7 +379,7 @@ def _chain_curve(model, max_length) -> np.ndarray:
         passes = alone.copy()
         passes[1:] += np.maximum(intercept + slope * (sizes[1:] - 1), 0.0)
         curve = np.interp(np.arange(1, MAX_TOKENS + 1), sizes, passes)
-        return _finished(curve), times
+        return _finished(curve), _totals(parts)
 
     def default():
         from specdec.drafters.cost import DEFAULT_COST_CURVE
@@ -398,7 +400,7 @@ def _tree_curve(model, max_length, chain: np.ndarray) -> np.ndarray:
 
     def measure():
         plan = [("chain", 1)] + [(kind, k) for k in TREE_SIZES for kind in ("chain", "tree")]
-        times, _ = _timed_rounds(model, max_length, "tree", plan)
+        times = _totals(_timed_rounds(model, max_length, "tree", plan))
         one = np.median(times["chain", 1]) / (cost.AFTERMATH_PASSES + 1)
         premium = [
             max(float(np.median(np.subtract(times["tree", k], times["chain", k]))), 0.0) / one
