@@ -393,15 +393,18 @@ def _tree_curve(model, max_length, chain: np.ndarray) -> np.ndarray:
     """``chain`` plus a tree's premium, from trees and chains timed side by side.
 
     The premium at each size is the median over the rounds of the tree's timing minus
-    the chain's of the same round (a paired difference: a change of load between rounds
-    cancels), never below 0; a tree of one node (2 tokens) is a chain.
+    the chain's of the same round (each with the one-token passes after it: a paired
+    difference, so a change of load between rounds cancels), never below 0, in the
+    chain curve's unit (the median of every one-token pass of the ``("chain", 1)``
+    timings); a tree of one node (2 tokens) is a chain.
     """
     chain = np.asarray(chain[:MAX_TOKENS], dtype=np.float64)
 
     def measure():
         plan = [("chain", 1)] + [(kind, k) for k in TREE_SIZES for kind in ("chain", "tree")]
-        times = _totals(_timed_rounds(model, max_length, "tree", plan))
-        one = np.median(times["chain", 1]) / (cost.AFTERMATH_PASSES + 1)
+        parts = _timed_rounds(model, max_length, "tree", plan)
+        times = _totals(parts)
+        one = np.median(parts["chain", 1])
         premium = [
             max(float(np.median(np.subtract(times["tree", k], times["chain", k]))), 0.0) / one
             for k in TREE_SIZES
