@@ -34,11 +34,12 @@ Sizes come from the command line or from environment variables (the pytest mode 
 only these): ``SPECDEC_E2E_TOKENS`` (new tokens, default 96), ``SPECDEC_E2E_REPEATS``
 (3), ``SPECDEC_E2E_PROMPTS`` (prompts per set, default all), ``SPECDEC_E2E_TEMPERATURES``
 (``0,0.7``), ``SPECDEC_E2E_BACKENDS`` (``llama,transformers``), ``SPECDEC_E2E_KINDS``
-(run kinds, default all), ``SPECDEC_E2E_GAMMA`` (most drafted tokens per step, 10),
-``SPECDEC_E2E_THREADS`` (default: the usable cores), ``SPECDEC_E2E_BATCH_THREADS`` (0: as
-``THREADS``), ``SPECDEC_E2E_PLAIN_THREADS`` (the other thread counts plain decoding runs
-at, comma-separated; default half the usable cores), ``SPECDEC_E2E_HF_DIR`` (where the
-transformers copy of the weights is kept, see :func:`load_transformers`).
+(run kinds, default all), ``SPECDEC_E2E_GAMMA`` (most drafted tokens per step; 0, the
+default: each drafter's own ``num_tokens``), ``SPECDEC_E2E_THREADS`` (default: the usable
+cores), ``SPECDEC_E2E_BATCH_THREADS`` (0: as ``THREADS``), ``SPECDEC_E2E_PLAIN_THREADS``
+(the other thread counts plain decoding runs at, comma-separated; default half the usable
+cores), ``SPECDEC_E2E_HF_DIR`` (where the transformers copy of the weights is kept, see
+:func:`load_transformers`).
 
 How it measures
 ---------------
