@@ -81,8 +81,11 @@ class Branching(Drafter):
 
 
 def cheap_policy():
-    """Verifying is nearly free: the policy selects trees with alternatives."""
-    return PositionalDraftLength(target_cost=[1.0, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06])
+    """Verifying is nearly free: the policy selects trees with alternatives (the best
+    rate itself: near ties would keep to the shorter chain)."""
+    return PositionalDraftLength(
+        target_cost=[1.0, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06], tie_tolerance=0.0
+    )
 
 
 def target_model(dtype=np.float64):
@@ -456,7 +459,7 @@ def test_selection_pays_a_tree_pass_its_own_cost():
     # of as many tokens, it keeps to the first candidate's chain (verified as one).
     tree = DraftTree.from_candidates([[1, 2, 3], [4, 5], [6]])
     chain = [1.0, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06]
-    policy = PositionalDraftLength()
+    policy = PositionalDraftLength(tie_tolerance=0.0)  # the best rate itself
     policy.start(8, CostCurve(chain))
     assert CostCurve(chain).tree is None and CostCurve(chain).tree_drafts(3) == 1.03
     assert policy.select_tree((0, 1), tree)[tree.rank > 0].any()

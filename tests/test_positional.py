@@ -113,10 +113,50 @@ def test_priors_fit_copies_and_spurious_matches():
     assert policy.length((0, 16), 16) >= 6  # a copy does
     a = policy.acceptances((0, 2), 5)
     assert a == sorted(a)  # conditional acceptance rises along a match
-    flat = PositionalDraftLength(target_cost=[1.0, 1.02, 1.04])
+    # the best ratio itself (no tolerance of near ties)
+    flat = PositionalDraftLength(target_cost=[1.0, 1.02, 1.04], tie_tolerance=0.0)
     flat.start(16)
     assert flat.length((0, 1), 16) > 0  # ...unless extra tokens cost next to nothing
     assert flat.length((0, 16), 16) == 16
+
+
+def _rates(policy, key, offered):
+    """Every length's expected tokens per unit of cost, from the policy's estimates."""
+    a = policy.acceptances(key, offered)
+    rates, expected, survive = [], 1.0, 1.0
+    for n in range(offered + 1):
+        if n:
+            survive *= a[n - 1]
+            expected += survive
+        rates.append(expected / (policy.cost(n) + policy.draft_cost * n))
+    return rates
+
+
+def test_near_ties_draft_the_shortest_while_the_cell_is_new():
+    """A new cell: the shortest length within tie_tolerance of the best ratio; as the
+    cell is observed the tolerance fades, and the best ratio is drafted."""
+    policy = PositionalDraftLength(target_cost=[1.0, 1.02, 1.04])
+    policy.start(16)
+    rates = _rates(policy, (0, 16), 16)
+    best = max(rates)
+    shortest = next(n for n, r in enumerate(rates) if r >= (1 - policy.tie_tolerance) * best)
+    assert policy.length((0, 16), 16) == shortest < rates.index(best) == 16
+    for _ in range(200):  # a copy: every draft kept
+        policy.observe((0, 16), 16, 16, 0.0, True)
+    rates = _rates(policy, (0, 16), 16)
+    tolerance = (
+        policy.tie_tolerance
+        * policy.prior_strength
+        / (policy.prior_strength + policy._cells[policy._cell_key((0, 16), 1)].tested)
+    )
+    assert tolerance < 0.005  # memory 0.98 keeps at most 50 tokens' weight: 0.06 * 4 / 54
+    assert policy.length((0, 16), 16) == rates.index(max(rates)) == 16
+
+
+@pytest.mark.parametrize("tolerance", [-0.1, 1.0, float("nan"), "x", True])
+def test_bad_tie_tolerance_is_a_clear_error(tolerance):
+    with pytest.raises(ValueError, match=r"tie_tolerance must be a number in \[0, 1\)"):
+        PositionalDraftLength(tie_tolerance=tolerance)
 
 
 @pytest.mark.parametrize("offset_rate", [0.0, 0.6])
@@ -303,23 +343,23 @@ def test_fixed_policy_still_drafts_gamma_with_a_draft_model(backend):
     assert policy.length((0, None), 10) == 4
 
 
-def test_length_stops_early_but_answers_as_the_full_search():
-    """length() stops once no longer draft can pay; its answer is the full search's."""
+@pytest.mark.parametrize("tie_tolerance", [0.0, 0.06, 0.3])
+def test_length_stops_early_but_answers_as_the_full_search(tie_tolerance):
+    """length() stops once no longer draft can pay; its answer is the full search's
+    (with a tolerance of near ties: the shortest length within it of the best)."""
     import random
 
     def full_search(policy, key, offered):
         offered = min(offered, policy._max)
-        a = policy.acceptances(key, offered)
-        best_n, best_rate, expected, survive = 0, -1.0, 1.0, 1.0
-        for n in range(offered + 1):
-            if n:
-                survive *= a[n - 1]
-                expected += survive
-            if n >= policy.min_tokens:
-                rate = expected / (policy.cost(n) + policy.draft_cost * n)
-                if rate > best_rate * (1.0 + 1e-9):
-                    best_n, best_rate = n, rate
-        return best_n
+        rates = _rates(policy, key, offered)
+        allowed = [n for n in range(offered + 1) if n >= policy.min_tokens]
+        if not allowed:
+            return 0
+        best_n = max(allowed, key=lambda n: (rates[n], -n))
+        cell = policy._cells.get(policy._cell_key(key, 1))
+        strength = policy.prior_strength
+        tolerance = tie_tolerance * strength / (strength + (cell.tested if cell else 0.0))
+        return next(n for n in allowed if rates[n] >= (1.0 - tolerance) * rates[best_n])
 
     rng = random.Random(5)
     checked = 0
@@ -331,6 +371,7 @@ def test_length_stops_early_but_answers_as_the_full_search():
             min_tokens=rng.choice([0, 0, 1, 3]),
             target_cost=curve,
             draft_cost=rng.choice([0.0, 0.0, 0.05]),
+            tie_tolerance=tie_tolerance,
         )
         policy.start(rng.randint(1, 24))
         for _ in range(rng.randint(0, 30)):  # some history

@@ -33,7 +33,10 @@ class ChainModel(Protocol):
         """Chance that draft token i is kept given the ones before, i = 1..n."""
 
     def best_length(self, key, offered: int) -> tuple:
-        """``(n, rate)``: the chain length in [0, offered] with the most tokens per cost."""
+        """``(n, rate)``: the chain length in [0, offered] the policy drafts, and its rate."""
+
+    def tie_tolerance_at(self, key) -> float:
+        """Fraction of the best rate within which the shortest choice is taken."""
 
     def probed(self, key, n_chosen: int) -> int:
         """``n_chosen``, or more when the policy wants a probe (see its ``length``)."""
@@ -115,7 +118,9 @@ class TreeSelector:
         tokens in expectation for a pass over ``|S| + 1`` tokens; the nodes are added
         best first (a node only after its parent and its earlier siblings, the order
         verification tries them in), and the prefix of that order with the most
-        expected tokens per unit of cost wins: for a chain, the policy's ``length``.
+        expected tokens per unit of cost wins (the shortest within the policy's
+        :meth:`~ChainModel.tie_tolerance_at` of it): for a chain, the policy's
+        ``length``.
         A selection of the first candidate's first nodes is verified as a chain and
         costs a chain pass; any other costs a tree pass (the target's
         ``tree_cost_curve``, through the cost curve given to :meth:`start`), so
@@ -159,6 +164,7 @@ class TreeSelector:
         root = int(first_child[0])
         frontier = [(-c[root], root, 1.0)]
         order, best_n, best_rate, expected = [], 0, 1.0 / chain_costs[0], 1.0
+        rates = [(0, best_rate)] if min_tokens == 0 else []  # (prefix length, rate)
         depth, is_chain = tree.depth, True  # the order so far is nodes 0, 1, ...
         while frontier and len(order) < budget:
             negative_m, node, reach = heapq.heappop(frontier)
@@ -168,14 +174,20 @@ class TreeSelector:
             # The first candidate's first nodes are verified as a chain (a cheaper pass).
             is_chain = is_chain and node == n - 1 and depth[node] == n
             rate = expected / (chain_costs[n] if is_chain else tree_costs[n])
-            if n >= min_tokens and rate > best_rate * (1.0 + 1e-9):
-                best_n, best_rate = n, rate
+            if n >= min_tokens:
+                rates.append((n, rate))
+                if rate > best_rate * (1.0 + 1e-9):
+                    best_n, best_rate = n, rate
             child, sibling = int(first_child[node + 1]), int(next_sibling[node])
             if child >= 0:
                 heapq.heappush(frontier, (negative_m * c[child], child, -negative_m))
             if sibling >= 0:
                 rest = reach * (1.0 - c[node])
                 heapq.heappush(frontier, (-rest * c[sibling], sibling, rest))
+        tolerance = policy.tie_tolerance_at(key)
+        if tolerance:  # near a tie, the shortest prefix (as the policy's chains)
+            tied = best_rate * (1.0 - tolerance)
+            best_n, best_rate = next((n, r) for n, r in rates + [(best_n, best_rate)] if r >= tied)
         if min_tokens and best_n < min(min_tokens, len(order)):
             best_n = min(min_tokens, len(order))
         chosen = order[:best_n]

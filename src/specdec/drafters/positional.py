@@ -98,13 +98,27 @@ class PositionalDraftLength(DraftLengthPolicy):
     offset_rate : float >= 0, default 0.6
         How fast a drafter's priors follow its observed acceptance (see above); 0
         keeps the priors fixed.
+    tie_tolerance : float in [0, 1), default 0.06
+        Of the lengths whose expected tokens per unit of cost come within this
+        fraction of the best, the shortest is drafted (no draft, when it is among
+        them), while the key's first cell is new: the tolerance is scaled by
+        ``s / (s + t)``, ``t`` the (faded) tokens tested in that cell and ``s =
+        prior_strength``.  The ratios rest on estimates from few observations (a new
+        decoder starts from the priors) and on a measured cost curve that is itself
+        noisy, and a longer draft loses more when they are too hopeful: near a tie
+        the shorter choice risks less until the cell has been observed.  0 takes the
+        best ratio as estimated.
 
     Examples
     --------
-    >>> policy = PositionalDraftLength()
+    >>> policy = PositionalDraftLength(tie_tolerance=0.0)   # the best ratio itself
     >>> policy.start(16, CostCurve([1.0, 1.1, 1.2, 1.3]))   # a flat curve: long drafts pay
     >>> policy.length((0, 12), 16), policy.length((0, 1), 16)   # a copy, a 1-token match
     (16, 3)
+    >>> cautious = PositionalDraftLength()   # near ties: the shortest while cells are new
+    >>> cautious.start(16, CostCurve([1.0, 1.1, 1.2, 1.3]))
+    >>> cautious.length((0, 12), 16), cautious.length((0, 1), 16)
+    (11, 2)
     """
 
     #: A source not drafted from for this many proposals is tried with one token.
@@ -130,6 +144,7 @@ class PositionalDraftLength(DraftLengthPolicy):
         prior_strength: float = 4.0,
         memory: float = 0.98,
         offset_rate: float = 0.6,
+        tie_tolerance: float = 0.06,
     ) -> None:
         if not is_int(min_tokens) or min_tokens < 0:
             raise ValueError(f"min_tokens must be an int >= 0, got {min_tokens!r}")
@@ -144,6 +159,8 @@ class PositionalDraftLength(DraftLengthPolicy):
             raise ValueError(f"draft_cost must be a finite number >= 0, got {draft_cost!r}")
         if not is_real(offset_rate) or not 0.0 <= offset_rate < math.inf:
             raise ValueError(f"offset_rate must be a finite number >= 0, got {offset_rate!r}")
+        if not is_real(tie_tolerance) or not 0.0 <= tie_tolerance < 1.0:
+            raise ValueError(f"tie_tolerance must be a number in [0, 1), got {tie_tolerance!r}")
         self.min_tokens = int(min_tokens)
         self.p_min = float(p_min)
         self.target_cost = check_target_cost(target_cost, "target_cost")
@@ -152,6 +169,7 @@ class PositionalDraftLength(DraftLengthPolicy):
         self.prior_strength = float(prior_strength)
         self.memory = float(memory)
         self.offset_rate = float(offset_rate)
+        self.tie_tolerance = float(tie_tolerance)
         self._priors: dict = {}  # evidence -> prior acceptance by position (a cache)
         self.reset()
 
@@ -161,7 +179,7 @@ class PositionalDraftLength(DraftLengthPolicy):
             f"target_cost={self.target_cost!r}, draft_cost={self.draft_cost}, "
             f"prior_acceptance={self.prior_acceptance}, "
             f"prior_strength={self.prior_strength}, memory={self.memory}, "
-            f"offset_rate={self.offset_rate})"
+            f"offset_rate={self.offset_rate}, tie_tolerance={self.tie_tolerance})"
         )
 
     def reset(self) -> None:
@@ -351,6 +369,7 @@ class PositionalDraftLength(DraftLengthPolicy):
     def best_length(self, key, offered: int) -> tuple:
         """``(n, rate)``: the draft length in [0, offered] with the most tokens per cost.
 
+        The shortest length whose rate is within ``tie_tolerance`` of the best one's;
         ``n = 0`` (rate ``1 / cost(0)``) when no draft pays or ``offered`` is 0.  Also
         the chain option of :meth:`select_tree`.
 
@@ -372,24 +391,50 @@ class PositionalDraftLength(DraftLengthPolicy):
         costs = self._with_drafting(curve.drafts_table(offered))
         floor = suffix_minima(costs) if draft_cost else curve.drafts_floor(offered)
         best_n, best_rate = 0, -1.0
+        rates = []  # (n, rate) of the lengths looked at, shortest first
         if min_tokens == 0:
             best_rate = 1.0 / costs[0]
+            rates.append((0, best_rate))
         expected, survive = 1.0, 1.0
         for n, a in enumerate(self._estimates(key), 1):
             survive *= a
             expected += survive
             if n >= min_tokens:
                 rate = expected / costs[n]
+                rates.append((n, rate))
                 if rate > best_rate * (1.0 + 1e-9):
                     best_n, best_rate = n, rate
             if n == offered:
                 break
             # Every later token is kept with chance at most 1 and costs at least the
             # cheapest pass still ahead: when even that cannot beat the best, stop
-            # (on open text most proposals end here after a position or two).
+            # (on open text most proposals end here after a position or two).  The
+            # lengths not looked at are longer than the best: never the shortest tie.
             if (expected + survive * (offered - n)) / floor[n + 1] < best_rate:
                 break
+        tolerance = self.tie_tolerance_at(key) if self.tie_tolerance else 0.0
+        if tolerance:
+            tied = best_rate * (1.0 - tolerance)
+            return next(((n, rate) for n, rate in rates if rate >= tied), (best_n, best_rate))
         return best_n, best_rate
+
+    def tie_tolerance_at(self, key) -> float:
+        """``tie_tolerance`` scaled by how new the key's first cell is (see the class).
+
+        Parameters
+        ----------
+        key : tuple (source, evidence)
+            As given to :meth:`length`.
+
+        Returns
+        -------
+        float
+            ``tie_tolerance * s / (s + t)``: ``t`` the (faded) tokens tested in the
+            key's first cell, ``s`` the prior strength.
+        """
+        tested = self._cells.get(self._cell_key(key, 1), NO_TALLY).tested
+        strength = self.prior_strength
+        return self.tie_tolerance * strength / (strength + tested)
 
     def probed(self, key, best_n: int) -> int:
         """``best_n``, or 1 after PROBE_EVERY proposals of ``key`` drafted from not at all.
