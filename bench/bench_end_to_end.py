@@ -120,7 +120,13 @@ from simd_levels import cpu_name  # noqa: E402
 
 import specdec  # noqa: E402
 from specdec import models  # noqa: E402
-from specdec.drafters import Chain, NGram, PromptLookup, SuffixDrafter  # noqa: E402
+from specdec.drafters import (  # noqa: E402
+    Chain,
+    NGram,
+    PositionalDraftLength,
+    PromptLookup,
+    SuffixDrafter,
+)
 from specdec.models import LlamaCppTreeModel, usable_cores  # noqa: E402
 
 #: The chat template's end-of-turn token, SmolLM2's EOS (``<|im_end|>``).
@@ -140,6 +146,7 @@ LLAMA_KINDS = (
     "chain",
     "lookup-heuristic",
     "lookup-fixed",
+    "lookup-tie",
     "sample-min2",
     "lookup-min2",
     "lcpp",
@@ -436,7 +443,7 @@ class Bench:
     def drafter(self, kind: str):
         if kind == "lookup-fixed":  # the peers' fixed length (HF's and llama-cpp-python's)
             return PromptLookup(num_tokens=10)
-        if kind in ("lookup", "lookup-tree", "lookup-heuristic", "lookup-min2"):
+        if kind in ("lookup", "lookup-tree", "lookup-heuristic", "lookup-min2", "lookup-tie"):
             return PromptLookup()
         if kind == "suffix":
             return SuffixDrafter()
@@ -452,6 +459,8 @@ class Bench:
             length = HeuristicDraftLength()
         elif kind == "lookup-fixed":
             length = "fixed"
+        elif kind == "lookup-tie":  # near ties, the shortest draft while cells are new
+            length = PositionalDraftLength(tie_tolerance=0.06)
         gamma = {"gamma": self.config.gamma} if self.config.gamma else {}
         return specdec.SpeculativeDecoder(temperature=temperature, draft_length=length, **gamma)
 

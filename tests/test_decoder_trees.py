@@ -425,8 +425,9 @@ def test_draft_tree_merges_shared_prefixes_in_candidate_order():
         tree.subtree(np.array([False, True, False, False, False]))
 
 
-def test_selection_of_a_chain_is_the_chain_length():
-    policy = PositionalDraftLength()
+@pytest.mark.parametrize("tie_tolerance", [0.0, 0.06])
+def test_selection_of_a_chain_is_the_chain_length(tie_tolerance):
+    policy = PositionalDraftLength(tie_tolerance=tie_tolerance)
     for curve in ([1.0, 1.9, 2.5, 2.8, 3.05, 3.3], [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]):
         policy.start(8, CostCurve(curve))
         for evidence in (1, 2, 4, 12):

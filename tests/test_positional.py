@@ -135,7 +135,7 @@ def _rates(policy, key, offered):
 def test_near_ties_draft_the_shortest_while_the_cell_is_new():
     """A new cell: the shortest length within tie_tolerance of the best ratio; as the
     cell is observed the tolerance fades, and the best ratio is drafted."""
-    policy = PositionalDraftLength(target_cost=[1.0, 1.02, 1.04])
+    policy = PositionalDraftLength(target_cost=[1.0, 1.02, 1.04], tie_tolerance=0.06)
     policy.start(16)
     rates = _rates(policy, (0, 16), 16)
     best = max(rates)
