@@ -164,7 +164,9 @@ class TreeSelector:
         root = int(first_child[0])
         frontier = [(-c[root], root, 1.0)]
         order, best_n, best_rate, expected = [], 0, 1.0 / chain_costs[0], 1.0
-        rates = [(0, best_rate)] if min_tokens == 0 else []  # (prefix length, rate)
+        tolerance = policy.tie_tolerance_at(key)
+        # (prefix length, rate) of the prefixes looked at: only for a tolerance
+        rates = ([(0, best_rate)] if min_tokens == 0 else []) if tolerance else None
         depth, is_chain = tree.depth, True  # the order so far is nodes 0, 1, ...
         while frontier and len(order) < budget:
             negative_m, node, reach = heapq.heappop(frontier)
@@ -175,7 +177,8 @@ class TreeSelector:
             is_chain = is_chain and node == n - 1 and depth[node] == n
             rate = expected / (chain_costs[n] if is_chain else tree_costs[n])
             if n >= min_tokens:
-                rates.append((n, rate))
+                if rates is not None:
+                    rates.append((n, rate))
                 if rate > best_rate * (1.0 + 1e-9):
                     best_n, best_rate = n, rate
             child, sibling = int(first_child[node + 1]), int(next_sibling[node])
@@ -184,7 +187,6 @@ class TreeSelector:
             if sibling >= 0:
                 rest = reach * (1.0 - c[node])
                 heapq.heappush(frontier, (-rest * c[sibling], sibling, rest))
-        tolerance = policy.tie_tolerance_at(key)
         if tolerance:  # near a tie, the shortest prefix (as the policy's chains)
             tied = best_rate * (1.0 - tolerance)
             best_n, best_rate = next((n, r) for n, r in rates + [(best_n, best_rate)] if r >= tied)

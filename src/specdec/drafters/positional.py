@@ -393,17 +393,21 @@ class PositionalDraftLength(DraftLengthPolicy):
         costs = self._with_drafting(curve.drafts_table(offered))
         floor = suffix_minima(costs) if draft_cost else curve.drafts_floor(offered)
         best_n, best_rate = 0, -1.0
-        rates = []  # (n, rate) of the lengths looked at, shortest first
+        tolerance = self.tie_tolerance_at(key) if self.tie_tolerance else 0.0
+        # (n, rate) of the lengths looked at, shortest first: only for a tolerance
+        rates = [] if tolerance else None
         if min_tokens == 0:
             best_rate = 1.0 / costs[0]
-            rates.append((0, best_rate))
+            if rates is not None:
+                rates.append((0, best_rate))
         expected, survive = 1.0, 1.0
         for n, a in enumerate(self._estimates(key), 1):
             survive *= a
             expected += survive
             if n >= min_tokens:
                 rate = expected / costs[n]
-                rates.append((n, rate))
+                if rates is not None:
+                    rates.append((n, rate))
                 if rate > best_rate * (1.0 + 1e-9):
                     best_n, best_rate = n, rate
             if n == offered:
@@ -414,7 +418,6 @@ class PositionalDraftLength(DraftLengthPolicy):
             # lengths not looked at are longer than the best: never the shortest tie.
             if (expected + survive * (offered - n)) / floor[n + 1] < best_rate:
                 break
-        tolerance = self.tie_tolerance_at(key) if self.tie_tolerance else 0.0
         if tolerance:
             tied = best_rate * (1.0 - tolerance)
             return next(((n, rate) for n, rate in rates if rate >= tied), (best_n, best_rate))
