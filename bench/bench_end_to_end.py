@@ -147,6 +147,7 @@ LLAMA_KINDS = (
     "lookup-heuristic",
     "lookup-fixed",
     "lookup-tie",
+    "lookup-nocopy",
     "sample-min2",
     "lookup-min2",
     "lcpp",
@@ -443,6 +444,8 @@ class Bench:
     def drafter(self, kind: str):
         if kind == "lookup-fixed":  # the peers' fixed length (HF's and llama-cpp-python's)
             return PromptLookup(num_tokens=10)
+        if kind == "lookup-nocopy":  # every match on its own (no copy followed or resumed)
+            return PromptLookup(copy_window=0)
         if kind in ("lookup", "lookup-tree", "lookup-heuristic", "lookup-min2", "lookup-tie"):
             return PromptLookup()
         if kind == "suffix":

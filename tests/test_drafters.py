@@ -225,8 +225,14 @@ def test_lookup_incremental_index_equals_the_scan(seed):
         "max_ngram_size": max_ngram_size,
         "min_ngram_size": rng.randrange(1, max_ngram_size + 1),
     }
+    # Copies are not followed here (the plain rule at every step; see test_lookup_copies.py).
     drafter = _decode(
-        PromptLookup(**options), sequence, rng.randrange(0, 20), rng, options, check_fresh=seed < 3
+        PromptLookup(**options, copy_window=0),
+        sequence,
+        rng.randrange(0, 20),
+        rng,
+        options,
+        check_fresh=seed < 3,
     )
     # The index built step by step is the one built from scratch.
     fresh = PromptLookup(**options)

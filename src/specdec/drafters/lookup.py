@@ -37,6 +37,22 @@ class PromptLookup(SharedState, Drafter):
     being edited).  The tokens that followed it are proposed: at most
     ``min(num_tokens, max_tokens)``, and never beyond the end of the sequence.
 
+    Copies are followed (unless ``copy_window=0``).  The drafter sees, in
+    :meth:`extend`, which of its proposed tokens the sequence took: a run of them
+    is a *copy*, with its source position and its evidence (the match size plus
+    the tokens taken).  While a copy of at least :attr:`RESUMABLE_EVIDENCE` tokens
+    goes on, the drafter proposes what follows it in its source, not what follows
+    the latest occurrence of the last n-gram (a quote that repeats a phrase of its
+    own would otherwise jump to that repetition).  When such a copy breaks (the
+    text changes, skips or adds a few tokens) and a match resumes it within
+    *copy_window* tokens, at the copy's alignment give or take *copy_window*
+    tokens, the match keeps the copy's evidence: a quote in which the model changes
+    a word goes on drafting at once, where a fresh one-token match would not.  One
+    resumption is tried per break: if its first token is not taken, the copy is
+    forgotten, and if the text leaves it again in the same step (where a copied
+    block ends, the text often returns for a few tokens only), the copy goes on with
+    its new match's evidence alone.
+
     Parameters
     ----------
     num_tokens : int, default 16
@@ -53,6 +69,11 @@ class PromptLookup(SharedState, Drafter):
     min_ngram_size : int, default 1
         Shortest n-gram matched before giving up (an empty proposal).  Raise it to
         propose only on stronger evidence.
+    copy_window : int, default 8
+        How far a broken copy may be resumed (see above): within this many tokens
+        of the break, at its alignment give or take this many.  0 follows no copy:
+        every step takes the latest occurrence of its last n-gram, on that match's
+        evidence alone.
 
     Attributes
     ----------
@@ -62,7 +83,9 @@ class PromptLookup(SharedState, Drafter):
         earlier occurrence equal those before the sequence's end, up to
         :attr:`EVIDENCE_LIMIT`.  A text being copied matches over many tokens, a
         chance recurrence over one or two; the default draft-length policy drafts
-        accordingly.
+        accordingly.  A proposal that follows a copy reports the copy's evidence,
+        one that resumes a copy the copy's plus its own match's (at most
+        :attr:`EVIDENCE_LIMIT`).
     last_match_position : int
         Start of the earlier occurrence the last proposal copied from (-1 if none).
 
@@ -113,7 +136,17 @@ class PromptLookup(SharedState, Drafter):
     #: that long is already a certain copy.
     MAX_NGRAM_SIZE = 64
 
-    def __init__(self, num_tokens: int = 16, max_ngram_size: int = 3, min_ngram_size: int = 1):
+    #: The shortest copy that a later match may resume (see ``copy_window``): in
+    #: open text, agreements of a few tokens with the prompt come and go by chance.
+    RESUMABLE_EVIDENCE = 8
+
+    def __init__(
+        self,
+        num_tokens: int = 16,
+        max_ngram_size: int = 3,
+        min_ngram_size: int = 1,
+        copy_window: int = 8,
+    ):
         self.num_tokens = check_int_option("num_tokens", num_tokens, 1)
         self.max_ngram_size = check_int_option(
             "max_ngram_size", max_ngram_size, 1, self.MAX_NGRAM_SIZE
@@ -124,6 +157,7 @@ class PromptLookup(SharedState, Drafter):
                 f"min_ngram_size must be <= max_ngram_size ({self.max_ngram_size}), "
                 f"got {self.min_ngram_size}"
             )
+        self.copy_window = check_int_option("copy_window", copy_window, 0)
 
     # Everything below is the request's, so kept per thread: one instance serves
     # several threads, each indexing its own sequence (see drafters/_threads.py).
@@ -139,11 +173,20 @@ class PromptLookup(SharedState, Drafter):
     # (start, n) -> the start of the n-gram's occurrence before the one at start:
     # the occurrences of an n-gram, latest first, for propose_candidates.
     _older = PerThread(dict)
+    # The last proposal, for extend() to confirm: (begin, length, evidence, own,
+    # resumed), its source start, the sequence's length then, its match size, that of
+    # its n-gram alone and whether it resumed a copy; None after an empty one.
+    _proposed = PerThread(lambda: None)
+    # The tokens last confirmed as copied: (source end, sequence end, evidence), the
+    # buffer positions just after them in the source and in the sequence, and the
+    # copy's match size; None when there is none to resume.
+    _copy = PerThread(lambda: None)
 
     def __repr__(self) -> str:
         return (
             f"PromptLookup(num_tokens={self.num_tokens}, max_ngram_size="
-            f"{self.max_ngram_size}, min_ngram_size={self.min_ngram_size})"
+            f"{self.max_ngram_size}, min_ngram_size={self.min_ngram_size}, "
+            f"copy_window={self.copy_window})"
         )
 
     # -- the Drafter interface ------------------------------------------------------
@@ -181,6 +224,7 @@ class PromptLookup(SharedState, Drafter):
         max_tokens = check_max_tokens(max_tokens)
         self.last_match_size = 0
         self.last_match_position = -1
+        self._proposed = None
         length = tokens.shape[0]
         # A match needs an earlier start, so n <= length - 1.
         top = min(self.max_ngram_size, length - 1)
@@ -188,17 +232,29 @@ class PromptLookup(SharedState, Drafter):
             return empty_proposal()
         tail = tokens[length - top :].tolist()
         self._sync(tokens, tail)
+        followed = self._followed(length, tail)
+        if followed is not None:
+            begin, n, match = followed
+            return self._proposal(begin, n, match, match, False, length, max_tokens)
         index = self._index
         for n in range(top, self.min_ngram_size - 1, -1):
             start = index.get(tuple(tail[top - n :]))
             if start is not None:
                 begin = start + n  # <= length - 1: the trailing n-gram is not indexed
-                end = min(begin + self.num_tokens, begin + max_tokens, length)
-                self.last_match_size = self._extended(start, length - n, n)
-                self.last_match_position = start
-                self._matched_n = n
-                return self._buffer[begin:end].copy()
+                own = self._extended(start, length - n, n)
+                resumed = self._resumes(begin, length)
+                match = min(own + resumed, self.EVIDENCE_LIMIT)
+                return self._proposal(begin, n, match, own, resumed > 0, length, max_tokens)
         return empty_proposal()
+
+    def _proposal(self, begin, n, match, own, resumed, length, max_tokens) -> np.ndarray:
+        """Record a match (for the attributes and :meth:`extend`) and copy its proposal."""
+        self.last_match_size = match
+        self.last_match_position = begin - n
+        self._matched_n = n
+        self._proposed = (begin, length, match, own, resumed)
+        end = min(begin + self.num_tokens, begin + max_tokens, length)
+        return self._buffer[begin:end].copy()
 
     #: Earlier occurrences looked at per call of :meth:`propose_candidates`, at most.
     MAX_OCCURRENCES = 32
@@ -270,6 +326,7 @@ class PromptLookup(SharedState, Drafter):
             k = min(old, self.max_ngram_size)
             if self._buffer[old - k : old].tolist() == tokens[old - k : old].tolist():
                 self._append(tokens[old:])
+                self._confirm(old, tokens[old:].tolist())
                 return
         self._sync(tokens, None)
 
@@ -283,12 +340,73 @@ class PromptLookup(SharedState, Drafter):
             later -= 1
         return match
 
+    def _followed(self, length: int, tail: list):
+        """``(begin, n, match)`` continuing the copy the sequence's last token confirmed.
+
+        None unless a copy of at least :attr:`RESUMABLE_EVIDENCE` tokens ends at the
+        sequence's end (and is not at the end of the buffer).
+        """
+        copy = self._copy
+        if copy is None or copy[1] != length:
+            return None
+        source_end, _, evidence = copy
+        n = min(len(tail), evidence)
+        if (
+            evidence < self.RESUMABLE_EVIDENCE
+            or source_end >= length
+            or n < self.min_ngram_size
+            or self._buffer[source_end - n : source_end].tolist() != tail[len(tail) - n :]
+        ):
+            return None
+        return source_end, n, evidence
+
+    def _resumes(self, begin: int, length: int) -> int:
+        """The evidence of the broken copy that a proposal from *begin* resumes (0: none)."""
+        copy, window = self._copy, self.copy_window
+        if copy is None:
+            return 0
+        source_end, sequence_end, evidence = copy
+        since = length - sequence_end  # tokens written since the copy broke
+        if (
+            evidence >= self.RESUMABLE_EVIDENCE
+            and 0 < since <= window
+            and abs(begin - source_end - since) <= window
+        ):
+            return evidence
+        return 0
+
+    def _confirm(self, old: int, appended: list) -> None:
+        """After the sequence grew from *old* by *appended*: how much of the proposal it took.
+
+        The proposal's leading tokens that the sequence took extend the copy (its
+        source and sequence ends move on, its evidence grows); a resumption whose first
+        token was not taken ends it.
+        """
+        proposed, self._proposed = self._proposed, None
+        if proposed is None or proposed[1] != old or not self.copy_window:
+            return
+        begin, _, evidence, own, resumed = proposed
+        source = self._buffer[begin : min(begin + len(appended), old)].tolist()
+        taken = 0
+        for copied, written in zip(source, appended, strict=False):
+            if copied != written:
+                break
+            taken += 1
+        if taken:
+            if resumed and taken < len(appended):  # broken again at once: its own match only
+                evidence = own
+            self._copy = (begin + taken, old + taken, min(evidence + taken, self.EVIDENCE_LIMIT))
+        elif resumed:
+            self._copy = None
+
     # -- the index ------------------------------------------------------------------
 
     def _reset(self) -> None:
         self._length = 0
         self._index = {}
         self._older = {}
+        self._proposed = None
+        self._copy = None
 
     def _sync(self, tokens: np.ndarray, tail: list | None) -> None:
         """Make the index cover *tokens*, re-indexing only when it does not already.
