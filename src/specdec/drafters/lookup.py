@@ -380,7 +380,8 @@ class PromptLookup(SharedState, Drafter):
 
         The proposal's leading tokens that the sequence took extend the copy (its
         source and sequence ends move on, its evidence grows); a resumption whose first
-        token was not taken ends it.
+        token was not taken ends it, and one left again within the step keeps its own
+        match's evidence only.
         """
         proposed, self._proposed = self._proposed, None
         if proposed is None or proposed[1] != old or not self.copy_window:
