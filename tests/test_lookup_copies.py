@@ -10,6 +10,7 @@ whole history; ``copy_window=0`` must give the plain oracle of ``test_drafters.p
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -45,9 +46,10 @@ def _latest_match(tokens: list, max_ngram_size: int, min_ngram_size: int):
 class CopyOracle:
     """The copy-following rules of PromptLookup's docstring, restated by brute force.
 
-    ``copy`` is (source end, sequence end, evidence) of the last run of proposed
-    tokens the sequence took; ``proposed`` the last proposal (begin, length,
-    evidence, resumed).
+    ``copy`` is (source end, sequence end, evidence, run) of the last run of proposed
+    tokens the sequence took (run: how many tokens before the ends agree since the
+    last edit); ``proposed`` the last proposal (begin, length, evidence, own, run,
+    resumed).
     """
 
     def __init__(self, num_tokens, max_ngram_size, min_ngram_size, copy_window):
@@ -64,8 +66,8 @@ class CopyOracle:
             return [], 0
         begin = None
         if self.copy is not None and self.copy[1] == length and self.copy[2] >= RESUMABLE:
-            source_end, _, evidence = self.copy
-            n = min(top, evidence)
+            source_end, _, evidence, run = self.copy
+            n = min(top, run)
             if (
                 source_end < length
                 and n >= self.sizes[1]
@@ -78,26 +80,28 @@ class CopyOracle:
             if found is None:
                 return [], 0
             begin, _, match = found
-            own, resumed, self.rule = match, False, "plain"
+            own, run, resumed, self.rule = match, match, False, "plain"
             if self.copy is not None:
-                source_end, sequence_end, evidence = self.copy
+                source_end, sequence_end, evidence, _ = self.copy
                 since = length - sequence_end
                 if (
                     evidence >= RESUMABLE
-                    and 0 < since <= self.window
+                    and own < since <= self.window
                     and abs((begin - source_end) - since) <= self.window
                 ):
                     match, resumed = min(match + evidence, LIMIT), True
                     self.rule = "resumed"
-        self.proposed = (begin, length, match, own, resumed)
+        self.proposed = (begin, length, match, own, run, resumed)
         return tokens[begin : min(begin + self.num_tokens, begin + max_tokens, length)], match
 
     def extend(self, tokens: list, n_new: int) -> None:
+        if n_new == 0:
+            return
         proposed, self.proposed = self.proposed, None
         old = len(tokens) - n_new
         if proposed is None or proposed[1] != old or not self.window:
             return
-        begin, _, evidence, own, resumed = proposed
+        begin, _, evidence, own, run, resumed = proposed
         taken = 0
         while (
             taken < n_new and begin + taken < old and tokens[begin + taken] == tokens[old + taken]
@@ -106,7 +110,14 @@ class CopyOracle:
         if taken:
             if resumed and taken < n_new:
                 evidence = own
-            self.copy = (begin + taken, old + taken, min(evidence + taken, LIMIT))
+            evidence = min(evidence + taken, LIMIT)
+            still = (
+                self.copy is not None
+                and self.copy[2] >= RESUMABLE
+                and old + taken - self.copy[1] <= self.window
+            )
+            if resumed or evidence >= RESUMABLE or not still:
+                self.copy = (begin + taken, old + taken, evidence, run + taken)
         elif resumed:
             self.copy = None
 
@@ -134,6 +145,17 @@ def _edited_copy(rng: random.Random, alphabet: int, passage_length: int, total: 
     return text[:total], passage_length
 
 
+def _check_grounded(drafter, tokens, proposal, max_tokens, sizes) -> None:
+    """What any proposal must be, whatever the rules: what follows an n-gram match."""
+    plain = lookup_oracle(tokens, 16, *sizes, max_tokens)[0]
+    assert bool(proposal) == bool(plain)  # copies change what, never whether
+    if proposal:
+        n, start = drafter._matched_n, drafter.last_match_position
+        assert sizes[1] <= n <= sizes[0] and drafter.last_match_size >= n
+        assert tokens[start : start + n] == tokens[len(tokens) - n :]
+        assert proposal == tokens[start + n : start + n + len(proposal)]
+
+
 def _decode(drafter, oracle, sequence: list, prompt_length: int, rng: random.Random) -> dict:
     """Drive drafter and oracle as the decoder does; every proposal must agree."""
     drafter.start(_ids(sequence[:prompt_length]))
@@ -145,6 +167,7 @@ def _decode(drafter, oracle, sequence: list, prompt_length: int, rng: random.Ran
         proposal = drafter.propose(_ids(tokens), max_tokens).tolist()
         expected = oracle.propose(tokens, max_tokens)
         assert (proposal, drafter.last_match_size) == expected, length
+        _check_grounded(drafter, tokens, proposal, max_tokens, oracle.sizes)
         seen[oracle.rule] += 1
         # the target keeps the agreeing prefix of what the decoder drafted, then one token
         drafted = proposal[: rng.randrange(0, len(proposal) + 1)]
@@ -162,8 +185,7 @@ def _decode(drafter, oracle, sequence: list, prompt_length: int, rng: random.Ran
     return seen
 
 
-@pytest.mark.parametrize("seed", range(16))
-def test_copy_following_matches_the_oracle(seed):
+def _decode_seed(seed: int) -> dict:
     rng = random.Random(seed)
     alphabet = rng.choice([6, 20, 200])
     sequence, prompt_length = _edited_copy(rng, alphabet, rng.randrange(30, 80), 260)
@@ -172,12 +194,22 @@ def test_copy_following_matches_the_oracle(seed):
         "num_tokens": rng.randrange(1, 17),
         "max_ngram_size": max_ngram_size,
         "min_ngram_size": rng.randrange(1, max_ngram_size + 1),
-        "copy_window": rng.choice([1, 4, 8, 12]),
+        "copy_window": rng.choice([2, 4, 8, 12]),
     }
-    seen = _decode(PromptLookup(**options), CopyOracle(**options), sequence, prompt_length, rng)
-    # the texts exercise both rules (else this test could not fail on them)
-    if alphabet == 200:
-        assert seen["resumed"] > 0 and seen["followed"] > 0, seen
+    return _decode(PromptLookup(**options), CopyOracle(**options), sequence, prompt_length, rng)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_copy_following_matches_the_oracle(seed):
+    _decode_seed(seed)
+
+
+def test_the_texts_exercise_every_rule():
+    # else the oracle tests could not fail on a rule
+    seen = Counter()
+    for seed in range(16):
+        seen.update(_decode_seed(seed))
+    assert min(seen["followed"], seen["resumed"], seen["plain"]) >= 10, seen
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -306,3 +338,57 @@ def test_a_resumption_broken_again_at_once_keeps_its_own_evidence():
     drafter.extend(_ids(tokens), 1)
     drafter.propose(_ids(tokens), 4)
     assert drafter.last_match_size == 1  # not resumed: a copy of 2 is too short
+
+
+def test_a_resumed_copy_is_followed_on_the_next_steps():
+    # after the resumption, the copy runs unbroken over "113 114" only: it is followed
+    # on that, with its evidence, even with longer n-grams than that run
+    prompt = [*PASSAGE, 0]
+    for max_ngram_size in (3, 4, 6):
+        drafter = PromptLookup(max_ngram_size=max_ngram_size)
+        tokens = _copying(drafter, prompt, [*PASSAGE[:12], 99, 113, 114])
+        assert drafter.propose(_ids(tokens), 3).tolist() == [115, 116, 117]
+        assert drafter.last_match_size > 12, max_ngram_size
+
+
+def test_a_match_over_the_supposed_break_is_not_resumed():
+    # a step the drafter was not asked about (another drafter of a chain proposed):
+    # the copy looks broken, but the next match reaches back over it and counts it
+    prompt = [*PASSAGE, 0]
+    drafter = PromptLookup()
+    tokens = _copying(drafter, prompt, PASSAGE[:12])
+    tokens.append(PASSAGE[12])
+    drafter.extend(_ids(tokens), 1)  # no propose before this step
+    drafter.propose(_ids(tokens), 4)
+    assert drafter.last_match_size == 13  # the 13 copied tokens, not 13 + 12
+
+
+def test_extend_by_nothing_keeps_the_copy():
+    prompt = [*PASSAGE, 0]
+    drafter = PromptLookup()
+    tokens = _copying(drafter, prompt, [*PASSAGE[:12], 99, 113])
+    drafter.propose(_ids(tokens), 4)
+    drafter.extend(_ids(tokens), 0)
+    assert drafter.propose(_ids(tokens), 4).tolist() == [114, 115, 116, 117]
+    assert drafter.last_match_size > 12
+
+
+def test_a_chance_agreement_does_not_replace_a_resumable_copy():
+    # after the break the text writes 99 200, and "200" once followed 99 in the
+    # prompt: a one-token agreement, taken; the copy of 12 is still resumed after it
+    prompt = [*PASSAGE, 0, 99, 200, 7, 0]
+    drafter = PromptLookup()
+    tokens = _copying(drafter, prompt, [*PASSAGE[:12], 99, 200, 114])
+    assert drafter.propose(_ids(tokens), 2).tolist() == [115, 116]
+    assert drafter.last_match_size > 12
+
+
+def test_candidates_after_a_followed_copy_include_the_latest_occurrence():
+    # as in the repeated-phrase test, with the phrase once more after the passage
+    passage = [50, 51, 52, 53, 54, 55, 56, 57, 7, 8, 9, 1, 58, 59, 7, 8, 9, 2, 60, 61]
+    prompt = [*passage, 0, 70, 7, 8, 9, 3, 71, 72, 0]
+    drafter = PromptLookup()
+    tokens = _copying(drafter, prompt, passage[:17])
+    candidates = [c.tolist() for c in drafter.propose_candidates(_ids(tokens), 3, 4)]
+    assert candidates[0] == [2, 60, 61]  # the copy's source
+    assert [1, 58, 59] in candidates and [3, 71, 72] in candidates

@@ -70,10 +70,11 @@ class PromptLookup(SharedState, Drafter):
         Shortest n-gram matched before giving up (an empty proposal).  Raise it to
         propose only on stronger evidence.
     copy_window : int, default 8
-        How far a broken copy may be resumed (see above): within this many tokens
-        of the break, at its alignment give or take this many.  0 follows no copy:
-        every step takes the latest occurrence of its last n-gram, on that match's
-        evidence alone.
+        How far a broken copy may be resumed (see above): the sequence has at most
+        this many tokens after the break, the resuming match's included (so 2
+        resumes a copy after one replaced token), and the match lies at the copy's
+        alignment give or take this many.  0 follows no copy: every step takes the
+        latest occurrence of its last n-gram, on that match's evidence alone.
 
     Attributes
     ----------
@@ -173,13 +174,16 @@ class PromptLookup(SharedState, Drafter):
     # (start, n) -> the start of the n-gram's occurrence before the one at start:
     # the occurrences of an n-gram, latest first, for propose_candidates.
     _older = PerThread(dict)
-    # The last proposal, for extend() to confirm: (begin, length, evidence, own,
-    # resumed), its source start, the sequence's length then, its match size, that of
-    # its n-gram alone and whether it resumed a copy; None after an empty one.
+    # The last proposal, for extend() to confirm: (begin, length, evidence, own, run,
+    # resumed): its source start, the sequence's length then, its match size, that
+    # size before a resumption added the copy's, how many tokens before begin agree
+    # with those before the sequence's end without a break, and whether it resumed a
+    # copy; None after an empty one.
     _proposed = PerThread(lambda: None)
-    # The tokens last confirmed as copied: (source end, sequence end, evidence), the
-    # buffer positions just after them in the source and in the sequence, and the
-    # copy's match size; None when there is none to resume.
+    # The tokens last confirmed as copied: (source end, sequence end, evidence, run),
+    # the buffer positions just after them in the source and in the sequence, the
+    # copy's match size and its unbroken length (since its last edit); None when
+    # there is none to resume.
     _copy = PerThread(lambda: None)
 
     def __repr__(self) -> str:
@@ -204,7 +208,7 @@ class PromptLookup(SharedState, Drafter):
         self._append(prompt)
 
     def propose(self, tokens, max_tokens: int) -> np.ndarray:
-        """Propose the tokens that followed the latest earlier match of the last n-gram.
+        """Propose what followed the latest earlier match of the last n-gram, or the copy's source.
 
         Parameters
         ----------
@@ -234,25 +238,25 @@ class PromptLookup(SharedState, Drafter):
         self._sync(tokens, tail)
         followed = self._followed(length, tail)
         if followed is not None:
-            begin, n, match = followed
-            return self._proposal(begin, n, match, match, False, length, max_tokens)
+            begin, n, match, run = followed
+            return self._proposal(begin, n, match, match, run, False, length, max_tokens)
         index = self._index
         for n in range(top, self.min_ngram_size - 1, -1):
             start = index.get(tuple(tail[top - n :]))
             if start is not None:
                 begin = start + n  # <= length - 1: the trailing n-gram is not indexed
                 own = self._extended(start, length - n, n)
-                resumed = self._resumes(begin, length)
+                resumed = self._resumes(begin, length, own)
                 match = min(own + resumed, self.EVIDENCE_LIMIT)
-                return self._proposal(begin, n, match, own, resumed > 0, length, max_tokens)
+                return self._proposal(begin, n, match, own, own, resumed > 0, length, max_tokens)
         return empty_proposal()
 
-    def _proposal(self, begin, n, match, own, resumed, length, max_tokens) -> np.ndarray:
+    def _proposal(self, begin, n, match, own, run, resumed, length, max_tokens) -> np.ndarray:
         """Record a match (for the attributes and :meth:`extend`) and copy its proposal."""
         self.last_match_size = match
         self.last_match_position = begin - n
         self._matched_n = n
-        self._proposed = (begin, length, match, own, resumed)
+        self._proposed = (begin, length, match, own, run, resumed)
         end = min(begin + self.num_tokens, begin + max_tokens, length)
         return self._buffer[begin:end].copy()
 
@@ -262,9 +266,10 @@ class PromptLookup(SharedState, Drafter):
     def propose_candidates(self, tokens, max_tokens: int, max_candidates: int) -> list:
         """What followed each of the latest occurrences of the matched n-gram, latest first.
 
-        The first candidate is :meth:`propose`'s proposal; the others continue the same
-        n-gram's earlier occurrences (up to :attr:`MAX_OCCURRENCES` looked at), each
-        kept only if it adds a continuation no earlier candidate holds.
+        The first candidate is :meth:`propose`'s proposal (a followed copy's, if any);
+        the others continue the same n-gram's occurrences, latest first (up to
+        :attr:`MAX_OCCURRENCES` looked at), each kept only if it adds a continuation no
+        earlier candidate holds.
 
         Parameters
         ----------
@@ -291,10 +296,14 @@ class PromptLookup(SharedState, Drafter):
         length = tokens.shape[0]
         seen = {tuple(first[:i]) for i in range(1, len(first) + 1)}
         older, buffer = self._older, self._buffer
+        latest = self._index.get(tuple(tokens[length - n :].tolist()))
+        # A followed copy's source need not be the latest occurrence: walk from that.
+        following = latest is not None and latest != start
         for _ in range(self.MAX_OCCURRENCES):
             if len(candidates) >= max_candidates:
                 break
-            start = older.get((start, n))
+            start = latest if following else older.get((start, n))
+            following = False
             if start is None:
                 break
             begin = start + n
@@ -341,7 +350,7 @@ class PromptLookup(SharedState, Drafter):
         return match
 
     def _followed(self, length: int, tail: list):
-        """``(begin, n, match)`` continuing the copy the sequence's last token confirmed.
+        """``(begin, n, match, run)`` continuing the copy the sequence's last token confirmed.
 
         None unless a copy of at least :attr:`RESUMABLE_EVIDENCE` tokens ends at the
         sequence's end (and is not at the end of the buffer).
@@ -349,27 +358,30 @@ class PromptLookup(SharedState, Drafter):
         copy = self._copy
         if copy is None or copy[1] != length:
             return None
-        source_end, _, evidence = copy
-        n = min(len(tail), evidence)
+        source_end, _, evidence, run = copy
+        n = min(len(tail), run)  # the tokens before source_end that match without a break
         if (
             evidence < self.RESUMABLE_EVIDENCE
-            or source_end >= length
             or n < self.min_ngram_size
             or self._buffer[source_end - n : source_end].tolist() != tail[len(tail) - n :]
         ):
             return None
-        return source_end, n, evidence
+        return source_end, n, evidence, run
 
-    def _resumes(self, begin: int, length: int) -> int:
-        """The evidence of the broken copy that a proposal from *begin* resumes (0: none)."""
+    def _resumes(self, begin: int, length: int, own: int) -> int:
+        """The evidence of the broken copy that a match from *begin* resumes (0: none).
+
+        *own* is the match's size: a match reaching back over the supposed break (a
+        step the drafter was not asked about, say) already counts those tokens.
+        """
         copy, window = self._copy, self.copy_window
         if copy is None:
             return 0
-        source_end, sequence_end, evidence = copy
+        source_end, sequence_end, evidence, _ = copy
         since = length - sequence_end  # tokens written since the copy broke
         if (
             evidence >= self.RESUMABLE_EVIDENCE
-            and 0 < since <= window
+            and own < since <= window
             and abs(begin - source_end - since) <= window
         ):
             return evidence
@@ -383,10 +395,12 @@ class PromptLookup(SharedState, Drafter):
         token was not taken ends it, and one left again within the step keeps its own
         match's evidence only.
         """
+        if not appended:
+            return
         proposed, self._proposed = self._proposed, None
         if proposed is None or proposed[1] != old or not self.copy_window:
             return
-        begin, _, evidence, own, resumed = proposed
+        begin, _, evidence, own, run, resumed = proposed
         source = self._buffer[begin : min(begin + len(appended), old)].tolist()
         taken = 0
         for copied, written in zip(source, appended, strict=False):
@@ -396,9 +410,22 @@ class PromptLookup(SharedState, Drafter):
         if taken:
             if resumed and taken < len(appended):  # broken again at once: its own match only
                 evidence = own
-            self._copy = (begin + taken, old + taken, min(evidence + taken, self.EVIDENCE_LIMIT))
+            evidence = min(evidence + taken, self.EVIDENCE_LIMIT)
+            if resumed or evidence >= self.RESUMABLE_EVIDENCE or not self._resumable(old + taken):
+                # a chance agreement of a few tokens does not replace a copy still
+                # resumable there
+                self._copy = (begin + taken, old + taken, evidence, run + taken)
         elif resumed:
             self._copy = None
+
+    def _resumable(self, length: int) -> bool:
+        """Whether the copy could still be resumed by a match at sequence *length*."""
+        copy = self._copy
+        return (
+            copy is not None
+            and copy[2] >= self.RESUMABLE_EVIDENCE
+            and length - copy[1] <= self.copy_window
+        )
 
     # -- the index ------------------------------------------------------------------
 
