@@ -176,6 +176,21 @@ def test_lookup_returns_a_copy():
 # -- PromptLookup: the incremental index ----------------------------------------------
 
 
+def target_step(drafted: list, sequence: list, length: int) -> int:
+    """Tokens the "target" appends after *drafted* at *length*: the agreeing drafts, one more.
+
+    *sequence* is the target's output; the rejected drafts are never appended.
+    """
+    kept = 0
+    while (
+        kept < len(drafted)
+        and length + kept < len(sequence)
+        and drafted[kept] == sequence[length + kept]
+    ):
+        kept += 1
+    return min(kept + 1, len(sequence) - length)
+
+
 def _decode(drafter, sequence, prompt_length, rng, options, check_fresh=False):
     """Drive *drafter* as the decoder does over *sequence* (the "target's" output).
 
@@ -194,14 +209,7 @@ def _decode(drafter, sequence, prompt_length, rng, options, check_fresh=False):
         )
         if check_fresh:
             assert _propose(PromptLookup(**options), sequence[:length], max_tokens) == proposal
-        kept = 0
-        while (
-            kept < len(proposal)
-            and length + kept < len(sequence)
-            and proposal[kept] == sequence[length + kept]
-        ):
-            kept += 1
-        n_new = min(kept + 1, len(sequence) - length)
+        n_new = target_step(proposal, sequence, length)
         length += n_new
         drafter.extend(_ids(sequence[:length]), n_new)
     return drafter

@@ -14,7 +14,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from test_drafters import lookup_oracle
+from test_drafters import lookup_oracle, target_step
 
 from specdec.drafters import PromptLookup
 
@@ -48,7 +48,7 @@ class CopyOracle:
 
     ``copy`` is (source end, sequence end, evidence, run) of the last run of proposed
     tokens the sequence took (run: how many tokens before the ends agree since the
-    last edit); ``proposed`` the last proposal (begin, length, evidence, own, run,
+    last edit); ``proposed`` the last proposal (begin, length, evidence, run,
     resumed).
     """
 
@@ -73,25 +73,25 @@ class CopyOracle:
                 and n >= self.sizes[1]
                 and tokens[source_end - n : source_end] == tokens[length - n :]
             ):
-                begin, match, own, resumed = source_end, evidence, evidence, False
+                begin, match, resumed = source_end, evidence, False
                 self.rule = "followed"
         if begin is None:
             found = _latest_match(tokens, *self.sizes)
             if found is None:
                 return [], 0
             begin, _, match = found
-            own, run, resumed, self.rule = match, match, False, "plain"
+            run, resumed, self.rule = match, False, "plain"
             if self.copy is not None:
                 source_end, sequence_end, evidence, _ = self.copy
                 since = length - sequence_end
                 if (
                     evidence >= RESUMABLE
-                    and own < since <= self.window
+                    and run < since <= self.window
                     and abs((begin - source_end) - since) <= self.window
                 ):
                     match, resumed = min(match + evidence, LIMIT), True
                     self.rule = "resumed"
-        self.proposed = (begin, length, match, own, run, resumed)
+        self.proposed = (begin, length, match, run, resumed)
         return tokens[begin : min(begin + self.num_tokens, begin + max_tokens, length)], match
 
     def extend(self, tokens: list, n_new: int) -> None:
@@ -101,7 +101,7 @@ class CopyOracle:
         old = len(tokens) - n_new
         if proposed is None or proposed[1] != old or not self.window:
             return
-        begin, _, evidence, own, run, resumed = proposed
+        begin, _, evidence, run, resumed = proposed
         taken = 0
         while (
             taken < n_new and begin + taken < old and tokens[begin + taken] == tokens[old + taken]
@@ -109,7 +109,7 @@ class CopyOracle:
             taken += 1
         if taken:
             if resumed and taken < n_new:
-                evidence = own
+                evidence = run
             evidence = min(evidence + taken, LIMIT)
             still = (
                 self.copy is not None
@@ -171,14 +171,7 @@ def _decode(drafter, oracle, sequence: list, prompt_length: int, rng: random.Ran
         seen[oracle.rule] += 1
         # the target keeps the agreeing prefix of what the decoder drafted, then one token
         drafted = proposal[: rng.randrange(0, len(proposal) + 1)]
-        kept = 0
-        while (
-            kept < len(drafted)
-            and length + kept < len(sequence)
-            and drafted[kept] == sequence[length + kept]
-        ):
-            kept += 1
-        n_new = min(kept + 1, len(sequence) - length)
+        n_new = target_step(drafted, sequence, length)
         length += n_new
         drafter.extend(_ids(sequence[:length]), n_new)
         oracle.extend(sequence[:length], n_new)

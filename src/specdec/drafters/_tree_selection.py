@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from specdec.drafters.length import NO_TALLY
+from specdec.drafters.length import NO_TALLY, shortest_near_best
 from specdec.drafters.tree import DraftTree
 
 __all__ = ["ChainModel", "TreeSelector"]
@@ -188,8 +188,7 @@ class TreeSelector:
                 rest = reach * (1.0 - c[node])
                 heapq.heappush(frontier, (-rest * c[sibling], sibling, rest))
         if tolerance:  # near a tie, the shortest prefix (as the policy's chains)
-            tied = best_rate * (1.0 - tolerance)
-            best_n, best_rate = next((n, r) for n, r in rates + [(best_n, best_rate)] if r >= tied)
+            best_n, best_rate = shortest_near_best(rates, (best_n, best_rate), tolerance)
         if min_tokens and best_n < min(min_tokens, len(order)):
             best_n = min(min_tokens, len(order))
         chosen = order[:best_n]

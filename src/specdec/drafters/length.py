@@ -70,6 +70,16 @@ class Tally(NamedTuple):
 NO_TALLY = Tally()
 
 
+def shortest_near_best(rates, best: tuple, tolerance: float) -> tuple:
+    """The first ``(n, rate)`` of *rates* (shortest first) within *tolerance* of *best*'s rate.
+
+    The rule of a policy's ``tie_tolerance``, for chains and trees alike; *best*
+    itself when no earlier pair comes that close.
+    """
+    tied = best[1] * (1.0 - tolerance)
+    return next((pair for pair in rates if pair[1] >= tied), best)
+
+
 class DraftLengthPolicy(SharedState):
     """Interface of a draft-length policy (the methods the decoder calls).
 

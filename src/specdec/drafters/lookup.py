@@ -174,11 +174,11 @@ class PromptLookup(SharedState, Drafter):
     # (start, n) -> the start of the n-gram's occurrence before the one at start:
     # the occurrences of an n-gram, latest first, for propose_candidates.
     _older = PerThread(dict)
-    # The last proposal, for extend() to confirm: (begin, length, evidence, own, run,
-    # resumed): its source start, the sequence's length then, its match size, that
-    # size before a resumption added the copy's, how many tokens before begin agree
-    # with those before the sequence's end without a break, and whether it resumed a
-    # copy; None after an empty one.
+    # The last proposal, for extend() to confirm: (begin, length, evidence, run,
+    # resumed): its source start, the sequence's length then, its match size, how many
+    # tokens before begin agree with those before the sequence's end without a break
+    # (a match's own size, before a resumption adds the copy's), and whether it
+    # resumed a copy; None after an empty one.
     _proposed = PerThread(lambda: None)
     # The tokens last confirmed as copied: (source end, sequence end, evidence, run),
     # the buffer positions just after them in the source and in the sequence, the
@@ -239,7 +239,7 @@ class PromptLookup(SharedState, Drafter):
         followed = self._followed(length, tail)
         if followed is not None:
             begin, n, match, run = followed
-            return self._proposal(begin, n, match, match, run, False, length, max_tokens)
+            return self._proposal(begin, n, match, run, False, length, max_tokens)
         index = self._index
         for n in range(top, self.min_ngram_size - 1, -1):
             start = index.get(tuple(tail[top - n :]))
@@ -248,15 +248,15 @@ class PromptLookup(SharedState, Drafter):
                 own = self._extended(start, length - n, n)
                 resumed = self._resumes(begin, length, own)
                 match = min(own + resumed, self.EVIDENCE_LIMIT)
-                return self._proposal(begin, n, match, own, own, resumed > 0, length, max_tokens)
+                return self._proposal(begin, n, match, own, resumed > 0, length, max_tokens)
         return empty_proposal()
 
-    def _proposal(self, begin, n, match, own, run, resumed, length, max_tokens) -> np.ndarray:
+    def _proposal(self, begin, n, match, run, resumed, length, max_tokens) -> np.ndarray:
         """Record a match (for the attributes and :meth:`extend`) and copy its proposal."""
         self.last_match_size = match
         self.last_match_position = begin - n
         self._matched_n = n
-        self._proposed = (begin, length, match, own, run, resumed)
+        self._proposed = (begin, length, match, run, resumed)
         end = min(begin + self.num_tokens, begin + max_tokens, length)
         return self._buffer[begin:end].copy()
 
@@ -374,16 +374,11 @@ class PromptLookup(SharedState, Drafter):
         *own* is the match's size: a match reaching back over the supposed break (a
         step the drafter was not asked about, say) already counts those tokens.
         """
-        copy, window = self._copy, self.copy_window
-        if copy is None:
+        if not self._resumable(length):
             return 0
-        source_end, sequence_end, evidence, _ = copy
+        source_end, sequence_end, evidence, _ = self._copy
         since = length - sequence_end  # tokens written since the copy broke
-        if (
-            evidence >= self.RESUMABLE_EVIDENCE
-            and own < since <= window
-            and abs(begin - source_end - since) <= window
-        ):
+        if own < since and abs(begin - source_end - since) <= self.copy_window:
             return evidence
         return 0
 
@@ -400,7 +395,7 @@ class PromptLookup(SharedState, Drafter):
         proposed, self._proposed = self._proposed, None
         if proposed is None or proposed[1] != old or not self.copy_window:
             return
-        begin, _, evidence, own, run, resumed = proposed
+        begin, _, evidence, run, resumed = proposed
         source = self._buffer[begin : min(begin + len(appended), old)].tolist()
         taken = 0
         for copied, written in zip(source, appended, strict=False):
@@ -409,7 +404,7 @@ class PromptLookup(SharedState, Drafter):
             taken += 1
         if taken:
             if resumed and taken < len(appended):  # broken again at once: its own match only
-                evidence = own
+                evidence = run
             evidence = min(evidence + taken, self.EVIDENCE_LIMIT)
             if resumed or evidence >= self.RESUMABLE_EVIDENCE or not self._resumable(old + taken):
                 # a chance agreement of a few tokens does not replace a copy still

@@ -22,7 +22,7 @@ from specdec.drafters.cost import (
     chosen_cost,
     suffix_minima,
 )
-from specdec.drafters.length import NO_TALLY, DraftLengthPolicy
+from specdec.drafters.length import NO_TALLY, DraftLengthPolicy, shortest_near_best
 
 __all__ = ["PositionalDraftLength"]
 
@@ -419,8 +419,7 @@ class PositionalDraftLength(DraftLengthPolicy):
             if (expected + survive * (offered - n)) / floor[n + 1] < best_rate:
                 break
         if tolerance:
-            tied = best_rate * (1.0 - tolerance)
-            return next(((n, rate) for n, rate in rates if rate >= tied), (best_n, best_rate))
+            return shortest_near_best(rates, (best_n, best_rate), tolerance)
         return best_n, best_rate
 
     def tie_tolerance_at(self, key) -> float:
