@@ -245,7 +245,7 @@ def test_lookup_incremental_index_equals_the_scan(seed):
     # The index built step by step is the one built from scratch.
     fresh = PromptLookup(**options)
     fresh.start(_ids(sequence))
-    assert drafter._index == fresh._index
+    assert drafter._request.index == fresh._request.index
 
 
 @settings(max_examples=200, **SETTINGS)

@@ -150,7 +150,7 @@ def _check_grounded(drafter, tokens, proposal, max_tokens, sizes) -> None:
     plain = lookup_oracle(tokens, 16, *sizes, max_tokens)[0]
     assert bool(proposal) == bool(plain)  # copies change what, never whether
     if proposal:
-        n, start = drafter._matched_n, drafter.last_match_position
+        n, start = drafter._request.matched_n, drafter.last_match_position
         assert sizes[1] <= n <= sizes[0] and drafter.last_match_size >= n
         assert tokens[start : start + n] == tokens[len(tokens) - n :]
         assert proposal == tokens[start + n : start + n + len(proposal)]

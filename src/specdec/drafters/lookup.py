@@ -26,6 +26,40 @@ from specdec.drafters.base import Drafter
 __all__ = ["PromptLookup"]
 
 
+class _Request:
+    """What a :class:`PromptLookup` keeps about one request's sequence (per thread)."""
+
+    __slots__ = (
+        "match_size", "match_position", "matched_n", "buffer", "length", "index", "older",
+        "proposed", "copy",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.match_size = 0  # last_match_size
+        self.match_position = -1  # last_match_position
+        self.matched_n = 0  # the n of the n-gram the last proposal matched
+        # The indexed sequence: buffer[:length] (grown by doubling), and for every
+        # n-gram ending at positions 0 .. length - 2, the start of its latest
+        # occurrence.  One dict serves every n: a key's length is its n.
+        self.buffer = np.zeros(64, dtype=np.int64)
+        self.length = 0
+        self.index: dict = {}
+        # (start, n) -> the start of the n-gram's occurrence before the one at start:
+        # the occurrences of an n-gram, latest first, for propose_candidates.
+        self.older: dict = {}
+        # The last proposal, for extend() to confirm: (begin, length, evidence, run,
+        # resumed): its source start, the sequence's length then, its match size, how
+        # many tokens before begin agree with those before the sequence's end without a
+        # break (a match's own size, before a resumption adds the copy's), and whether
+        # it resumed a copy; None after an empty one.
+        self.proposed = None
+        # The tokens last confirmed as copied: (source end, sequence end, evidence,
+        # run), the buffer positions just after them in the source and in the
+        # sequence, the copy's match size and its unbroken length (since its last
+        # edit); None when there is none to resume.
+        self.copy = None
+
+
 class PromptLookup(SharedState, Drafter):
     """Draft by matching the sequence's last n-gram against the text so far.
 
@@ -160,31 +194,20 @@ class PromptLookup(SharedState, Drafter):
             )
         self.copy_window = check_int_option("copy_window", copy_window, 0)
 
-    # Everything below is the request's, so kept per thread: one instance serves
-    # several threads, each indexing its own sequence (see drafters/_threads.py).
-    last_match_size = PerThread(int)
-    last_match_position = PerThread(lambda: -1)
-    _matched_n = PerThread(int)  # the n of the n-gram the last proposal matched
-    # The indexed sequence: _buffer[:_length] (grown by doubling), and for every
-    # n-gram ending at positions 0 .. _length - 2, the start of its latest
-    # occurrence.  One dict serves every n: a key's length is its n.
-    _buffer = PerThread(lambda: np.zeros(64, dtype=np.int64))
-    _length = PerThread(int)
-    _index = PerThread(dict)
-    # (start, n) -> the start of the n-gram's occurrence before the one at start:
-    # the occurrences of an n-gram, latest first, for propose_candidates.
-    _older = PerThread(dict)
-    # The last proposal, for extend() to confirm: (begin, length, evidence, run,
-    # resumed): its source start, the sequence's length then, its match size, how many
-    # tokens before begin agree with those before the sequence's end without a break
-    # (a match's own size, before a resumption adds the copy's), and whether it
-    # resumed a copy; None after an empty one.
-    _proposed = PerThread(lambda: None)
-    # The tokens last confirmed as copied: (source end, sequence end, evidence, run),
-    # the buffer positions just after them in the source and in the sequence, the
-    # copy's match size and its unbroken length (since its last edit); None when
-    # there is none to resume.
-    _copy = PerThread(lambda: None)
+    # Everything the drafter keeps belongs to the request, so is kept per thread (one
+    # instance serves several threads, each indexing its own sequence; see
+    # drafters/_threads.py), in one object that each call fetches once.
+    _request = PerThread(_Request)
+
+    @property
+    def last_match_size(self) -> int:
+        """How long a context the last :meth:`propose` rests on (see the class)."""
+        return self._request.match_size
+
+    @property
+    def last_match_position(self) -> int:
+        """Start of the earlier occurrence the last proposal copied from (-1 if none)."""
+        return self._request.match_position
 
     def __repr__(self) -> str:
         return (
@@ -204,8 +227,8 @@ class PromptLookup(SharedState, Drafter):
             The prompt's token ids.
         """
         prompt = as_sequence(prompt, "prompt")
-        self._reset()
-        self._append(prompt)
+        request = self._request = _Request()
+        self._append(request, prompt)
 
     def propose(self, tokens, max_tokens: int) -> np.ndarray:
         """Propose what followed the latest earlier match of the last n-gram, or the copy's source.
@@ -226,39 +249,42 @@ class PromptLookup(SharedState, Drafter):
         """
         tokens = as_sequence(tokens)
         max_tokens = check_max_tokens(max_tokens)
-        self.last_match_size = 0
-        self.last_match_position = -1
-        self._proposed = None
+        request = self._request
+        request.match_size = 0
+        request.match_position = -1
+        request.proposed = None
         length = tokens.shape[0]
         # A match needs an earlier start, so n <= length - 1.
         top = min(self.max_ngram_size, length - 1)
         if max_tokens == 0 or top < self.min_ngram_size:
             return empty_proposal()
         tail = tokens[length - top :].tolist()
-        self._sync(tokens, tail)
-        followed = self._followed(length, tail)
+        request = self._sync(request, tokens, tail)
+        followed = self._followed(request, length, tail)
         if followed is not None:
             begin, n, match, run = followed
-            return self._proposal(begin, n, match, run, False, length, max_tokens)
-        index = self._index
+            return self._proposal(request, begin, n, match, run, False, length, max_tokens)
+        index = request.index
         for n in range(top, self.min_ngram_size - 1, -1):
             start = index.get(tuple(tail[top - n :]))
             if start is not None:
                 begin = start + n  # <= length - 1: the trailing n-gram is not indexed
-                own = self._extended(start, length - n, n)
-                resumed = self._resumes(begin, length, own)
+                own = self._extended(request.buffer, start, length - n, n)
+                resumed = self._resumes(request, begin, length, own)
                 match = min(own + resumed, self.EVIDENCE_LIMIT)
-                return self._proposal(begin, n, match, own, resumed > 0, length, max_tokens)
+                return self._proposal(
+                    request, begin, n, match, own, resumed > 0, length, max_tokens
+                )
         return empty_proposal()
 
-    def _proposal(self, begin, n, match, run, resumed, length, max_tokens) -> np.ndarray:
+    def _proposal(self, request, begin, n, match, run, resumed, length, max_tokens) -> np.ndarray:
         """Record a match (for the attributes and :meth:`extend`) and copy its proposal."""
-        self.last_match_size = match
-        self.last_match_position = begin - n
-        self._matched_n = n
-        self._proposed = (begin, length, match, run, resumed)
+        request.match_size = match
+        request.match_position = begin - n
+        request.matched_n = n
+        request.proposed = (begin, length, match, run, resumed)
         end = min(begin + self.num_tokens, begin + max_tokens, length)
-        return self._buffer[begin:end].copy()
+        return request.buffer[begin:end].copy()
 
     #: Earlier occurrences looked at per call of :meth:`propose_candidates`, at most.
     MAX_OCCURRENCES = 32
@@ -291,12 +317,13 @@ class PromptLookup(SharedState, Drafter):
         if not len(first):
             return []
         candidates = [first]
-        n, start = self._matched_n, self.last_match_position
+        request = self._request
+        n, start = request.matched_n, request.match_position
         limit = min(self.num_tokens, max_tokens)
         length = tokens.shape[0]
         seen = {tuple(first[:i]) for i in range(1, len(first) + 1)}
-        older, buffer = self._older, self._buffer
-        latest = self._index.get(tuple(tokens[length - n :].tolist()))
+        older, buffer = request.older, request.buffer
+        latest = request.index.get(tuple(tokens[length - n :].tolist()))
         # A followed copy's source need not be the latest occurrence: walk from that.
         following = latest is not None and latest != start
         for _ in range(self.MAX_OCCURRENCES):
@@ -329,19 +356,20 @@ class PromptLookup(SharedState, Drafter):
         length = tokens.shape[0]
         n_new = check_n_new(n_new, length)
         old = length - n_new
-        if old == self._length and old > 0:
+        request = self._request
+        if old == request.length and old > 0:
             # The decoder's protocol: tokens[:old] is the indexed sequence.  Checking
             # its last tokens (O(max_ngram_size)) catches a skipped start().
             k = min(old, self.max_ngram_size)
-            if self._buffer[old - k : old].tolist() == tokens[old - k : old].tolist():
-                self._append(tokens[old:])
-                self._confirm(old, tokens[old:].tolist())
+            if request.buffer[old - k : old].tolist() == tokens[old - k : old].tolist():
+                self._append(request, tokens[old:])
+                self._confirm(request, old, tokens[old:].tolist())
                 return
-        self._sync(tokens, None)
+        self._sync(request, tokens, None)
 
-    def _extended(self, earlier: int, later: int, n: int) -> int:
+    def _extended(self, buffer: np.ndarray, earlier: int, later: int, n: int) -> int:
         """``n`` plus how many tokens before the two n-gram occurrences agree (capped)."""
-        buffer, limit = self._buffer, self.EVIDENCE_LIMIT
+        limit = self.EVIDENCE_LIMIT
         match = n
         while match < limit and earlier > 0 and buffer[earlier - 1] == buffer[later - 1]:
             match += 1
@@ -349,13 +377,13 @@ class PromptLookup(SharedState, Drafter):
             later -= 1
         return match
 
-    def _followed(self, length: int, tail: list):
+    def _followed(self, request: _Request, length: int, tail: list):
         """``(begin, n, match, run)`` continuing the copy the sequence's last token confirmed.
 
         None unless a copy of at least :attr:`RESUMABLE_EVIDENCE` tokens ends at the
         sequence's end (and is not at the end of the buffer).
         """
-        copy = self._copy
+        copy = request.copy
         if copy is None or copy[1] != length:
             return None
         source_end, _, evidence, run = copy
@@ -363,26 +391,26 @@ class PromptLookup(SharedState, Drafter):
         if (
             evidence < self.RESUMABLE_EVIDENCE
             or n < self.min_ngram_size
-            or self._buffer[source_end - n : source_end].tolist() != tail[len(tail) - n :]
+            or request.buffer[source_end - n : source_end].tolist() != tail[len(tail) - n :]
         ):
             return None
         return source_end, n, evidence, run
 
-    def _resumes(self, begin: int, length: int, own: int) -> int:
+    def _resumes(self, request: _Request, begin: int, length: int, own: int) -> int:
         """The evidence of the broken copy that a match from *begin* resumes (0: none).
 
         *own* is the match's size: a match reaching back over the supposed break (a
         step the drafter was not asked about, say) already counts those tokens.
         """
-        if not self._resumable(length):
+        if not self._resumable(request, length):
             return 0
-        source_end, sequence_end, evidence, _ = self._copy
+        source_end, sequence_end, evidence, _ = request.copy
         since = length - sequence_end  # tokens written since the copy broke
         if own < since and abs(begin - source_end - since) <= self.copy_window:
             return evidence
         return 0
 
-    def _confirm(self, old: int, appended: list) -> None:
+    def _confirm(self, request: _Request, old: int, appended: list) -> None:
         """After the sequence grew from *old* by *appended*: how much of the proposal it took.
 
         The proposal's leading tokens that the sequence took extend the copy (its
@@ -392,11 +420,11 @@ class PromptLookup(SharedState, Drafter):
         """
         if not appended:
             return
-        proposed, self._proposed = self._proposed, None
+        proposed, request.proposed = request.proposed, None
         if proposed is None or proposed[1] != old or not self.copy_window:
             return
         begin, _, evidence, run, resumed = proposed
-        source = self._buffer[begin : min(begin + len(appended), old)].tolist()
+        source = request.buffer[begin : min(begin + len(appended), old)].tolist()
         taken = 0
         for copied, written in zip(source, appended, strict=False):
             if copied != written:
@@ -406,16 +434,20 @@ class PromptLookup(SharedState, Drafter):
             if resumed and taken < len(appended):  # broken again at once: its own match only
                 evidence = run
             evidence = min(evidence + taken, self.EVIDENCE_LIMIT)
-            if resumed or evidence >= self.RESUMABLE_EVIDENCE or not self._resumable(old + taken):
+            if (
+                resumed
+                or evidence >= self.RESUMABLE_EVIDENCE
+                or not self._resumable(request, old + taken)
+            ):
                 # a chance agreement of a few tokens does not replace a copy still
                 # resumable there
-                self._copy = (begin + taken, old + taken, evidence, run + taken)
+                request.copy = (begin + taken, old + taken, evidence, run + taken)
         elif resumed:
-            self._copy = None
+            request.copy = None
 
-    def _resumable(self, length: int) -> bool:
+    def _resumable(self, request: _Request, length: int) -> bool:
         """Whether the copy could still be resumed by a match at sequence *length*."""
-        copy = self._copy
+        copy = request.copy
         return (
             copy is not None
             and copy[2] >= self.RESUMABLE_EVIDENCE
@@ -424,44 +456,39 @@ class PromptLookup(SharedState, Drafter):
 
     # -- the index ------------------------------------------------------------------
 
-    def _reset(self) -> None:
-        self._length = 0
-        self._index = {}
-        self._older = {}
-        self._proposed = None
-        self._copy = None
-
-    def _sync(self, tokens: np.ndarray, tail: list | None) -> None:
+    def _sync(self, request: _Request, tokens: np.ndarray, tail: list | None) -> _Request:
         """Make the index cover *tokens*, re-indexing only when it does not already.
 
         *tail* is ``tokens[-k:].tolist()`` for some k <= max_ngram_size, when the
-        caller has it at hand.
+        caller has it at hand.  Returns the request's state (a new one if re-indexed).
         """
-        length, indexed = tokens.shape[0], self._length
+        length, indexed = tokens.shape[0], request.length
         if length == indexed:
             if tail is None:
                 k = min(length, self.max_ngram_size)
                 tail = tokens[length - k :].tolist()
-            if self._buffer[length - len(tail) : length].tolist() == tail:
-                return
-        elif indexed < length and np.array_equal(self._buffer[:indexed], tokens[:indexed]):
-            self._append(tokens[indexed:])
-            return
-        self._reset()
-        self._append(tokens)
+            if request.buffer[length - len(tail) : length].tolist() == tail:
+                return request
+        elif indexed < length and np.array_equal(request.buffer[:indexed], tokens[:indexed]):
+            self._append(request, tokens[indexed:])
+            return request
+        fresh = self._request = _Request()
+        self._append(fresh, tokens)
+        return fresh
 
-    def _append(self, new: np.ndarray) -> None:
+    def _append(self, request: _Request, new: np.ndarray) -> None:
         """Append *new* to the indexed sequence and index the n-grams it completes."""
-        old, count = self._length, new.shape[0]
+        old, count = request.length, new.shape[0]
         if count == 0:
             return
         length = old + count
-        if length > self._buffer.shape[0]:
-            grown = np.zeros(max(length, 2 * self._buffer.shape[0]), dtype=np.int64)
-            grown[:old] = self._buffer[:old]
-            self._buffer = grown
-        self._buffer[old:length] = new
-        self._length = length
+        buffer = request.buffer
+        if length > buffer.shape[0]:
+            grown = np.zeros(max(length, 2 * buffer.shape[0]), dtype=np.int64)
+            grown[:old] = buffer[:old]
+            buffer = request.buffer = grown
+        buffer[old:length] = new
+        request.length = length
         # The index covers n-grams ending at positions <= length - 2 (the n-grams
         # ending at the last token are the trailing ones, never matched against
         # themselves).  Newly covered: those ending at old - 1 .. length - 2.
@@ -470,8 +497,8 @@ class PromptLookup(SharedState, Drafter):
             return
         sizes = range(self.min_ngram_size, self.max_ngram_size + 1)
         offset = max(first - self.max_ngram_size + 1, 0)
-        window = self._buffer[offset : last + 1].tolist()
-        index, older = self._index, self._older
+        window = buffer[offset : last + 1].tolist()
+        index, older = request.index, request.older
         # Increasing end positions: a later occurrence overwrites an earlier one, which
         # it links to.
         for end in range(first, last + 1):
