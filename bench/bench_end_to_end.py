@@ -148,6 +148,7 @@ LLAMA_KINDS = (
     "lookup-fixed",
     "lookup-tie",
     "lookup-nocopy",
+    "lookup-kept",
     "sample-min2",
     "lookup-min2",
     "lcpp",
@@ -374,6 +375,7 @@ class Bench:
 
     def __init__(self, config: Config, backends: list[str]):
         self.config = config
+        self.kept_decoders: dict = {}  # temperature -> the decoder of "lookup-kept"
         self.backends = backends
         self.llama = self.target = self.target_min2 = None
         self.hf_model = self.hf_target = None
@@ -446,7 +448,9 @@ class Bench:
             return PromptLookup(num_tokens=10)
         if kind == "lookup-nocopy":  # every match on its own (no copy followed or resumed)
             return PromptLookup(copy_window=0)
-        if kind in ("lookup", "lookup-tree", "lookup-heuristic", "lookup-min2", "lookup-tie"):
+        if kind in (
+            "lookup", "lookup-tree", "lookup-heuristic", "lookup-min2", "lookup-tie", "lookup-kept"
+        ):  # fmt: skip
             return PromptLookup()
         if kind == "suffix":
             return SuffixDrafter()
@@ -457,6 +461,14 @@ class Bench:
         raise ValueError(kind)
 
     def decoder(self, kind: str, temperature: float):
+        gamma = {"gamma": self.config.gamma} if self.config.gamma else {}
+        if kind == "lookup-kept":
+            # one decoder for every run of the process at this temperature, as a server
+            # keeps one: its policy starts each request from what earlier ones taught it
+            kept = self.kept_decoders
+            if temperature not in kept:
+                kept[temperature] = specdec.SpeculativeDecoder(temperature=temperature, **gamma)
+            return kept[temperature]
         length = "auto"
         if kind == "lookup-heuristic":
             length = HeuristicDraftLength()
@@ -464,7 +476,6 @@ class Bench:
             length = "fixed"
         elif kind == "lookup-tie":  # near ties, the shortest draft while cells are new
             length = PositionalDraftLength(tie_tolerance=0.06)
-        gamma = {"gamma": self.config.gamma} if self.config.gamma else {}
         return specdec.SpeculativeDecoder(temperature=temperature, draft_length=length, **gamma)
 
     # -- prefill ----------------------------------------------------------------------------
