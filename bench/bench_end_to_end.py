@@ -91,6 +91,11 @@ How it measures
   tokenised by the target's tokenizer; never on the prompts or any model output.
   Every run gets a fresh copy of the trained drafter, so no run learns from another
   (it still learns online within its own run, as in use).
+* Decoders: every run gets a new ``SpeculativeDecoder`` (its draft-length policy starts
+  from its priors), as the CLI makes one per call, except the ``lookup-kept`` kind: one
+  decoder per temperature for the whole process, as a server keeps one, so that its
+  policy starts each request from what the earlier ones taught it (grounded and open
+  prompts alike, in the interleaved order).
 """
 
 from __future__ import annotations
