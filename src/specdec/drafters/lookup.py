@@ -381,7 +381,8 @@ class PromptLookup(SharedState, Drafter):
         """``(begin, n, match, run)`` continuing the copy the sequence's last token confirmed.
 
         None unless a copy of at least :attr:`RESUMABLE_EVIDENCE` tokens ends at the
-        sequence's end (and is not at the end of the buffer).
+        sequence's end (its source then ends earlier: :meth:`_confirm` counts only
+        source tokens before the step's first, so there is always one to propose).
         """
         copy = request.copy
         if copy is None or copy[1] != length:
