@@ -91,16 +91,11 @@ How it measures
   tokenised by the target's tokenizer; never on the prompts or any model output.
   Every run gets a fresh copy of the trained drafter, so no run learns from another
   (it still learns online within its own run, as in use).
-* Decoders: every run gets a new ``SpeculativeDecoder``, as the CLI makes one per call.
-  Its adaptive draft-length policy is the target adapter's
-  (``draft_policies``, one per kind of draft sources and decoding mode), so it starts
-  each request from what the process's earlier requests taught it (grounded and open
-  prompts alike, in the interleaved order), as in a server.  The ``lookup-fresh`` kind
-  gives each run a new policy instead, starting from its priors (the default before
-  2026-12-07; the ``lookup-kept`` records of 2026-12-07 kept one decoder for the
-  process, which is what every kind now gets from the adapter).  Variants that change
-  the drafter (``lookup-nocopy``) get a new policy per run too, so that they do not
-  learn into the default's.
+* Decoders: every run gets a new ``SpeculativeDecoder`` (its draft-length policy starts
+  from its priors), as the CLI makes one per call, except the ``lookup-kept`` kind: one
+  decoder per temperature for the whole process, as a server keeps one, so that its
+  policy starts each request from what the earlier ones taught it (grounded and open
+  prompts alike, in the interleaved order).
 """
 
 from __future__ import annotations
@@ -158,7 +153,7 @@ LLAMA_KINDS = (
     "lookup-fixed",
     "lookup-tie",
     "lookup-nocopy",
-    "lookup-fresh",
+    "lookup-kept",
     "sample-min2",
     "lookup-min2",
     "lcpp",
@@ -385,6 +380,7 @@ class Bench:
 
     def __init__(self, config: Config, backends: list[str]):
         self.config = config
+        self.kept_decoders: dict = {}  # temperature -> the decoder of "lookup-kept"
         self.backends = backends
         self.llama = self.target = self.target_min2 = None
         self.hf_model = self.hf_target = None
@@ -458,7 +454,7 @@ class Bench:
         if kind == "lookup-nocopy":  # every match on its own (no copy followed or resumed)
             return PromptLookup(copy_window=0)
         if kind in (
-            "lookup", "lookup-tree", "lookup-heuristic", "lookup-min2", "lookup-tie", "lookup-fresh"
+            "lookup", "lookup-tree", "lookup-heuristic", "lookup-min2", "lookup-tie", "lookup-kept"
         ):  # fmt: skip
             return PromptLookup()
         if kind == "suffix":
@@ -471,10 +467,15 @@ class Bench:
 
     def decoder(self, kind: str, temperature: float):
         gamma = {"gamma": self.config.gamma} if self.config.gamma else {}
-        length = "auto"  # the adapter's policy, kept across runs
-        if kind in ("lookup-fresh", "lookup-nocopy"):  # a policy of this run's own
-            length = PositionalDraftLength()
-        elif kind == "lookup-heuristic":
+        if kind == "lookup-kept":
+            # one decoder for every run of the process at this temperature, as a server
+            # keeps one: its policy starts each request from what earlier ones taught it
+            kept = self.kept_decoders
+            if temperature not in kept:
+                kept[temperature] = specdec.SpeculativeDecoder(temperature=temperature, **gamma)
+            return kept[temperature]
+        length = "auto"
+        if kind == "lookup-heuristic":
             length = HeuristicDraftLength()
         elif kind == "lookup-fixed":
             length = "fixed"

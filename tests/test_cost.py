@@ -27,14 +27,7 @@ from law_models import ContextModel
 
 import specdec
 from specdec import SpeculativeDecoder
-from specdec.drafters import (
-    Chain,
-    Drafter,
-    DraftPolicies,
-    PositionalDraftLength,
-    PromptLookup,
-    SuffixDrafter,
-)
+from specdec.drafters import Drafter, PositionalDraftLength, PromptLookup, SuffixDrafter
 from specdec.drafters.cost import AFTERMATH_PASSES, DEFAULT_COST_CURVE, CostCurve, CurveCheck
 from specdec.models import _calibration
 from specdec.models._cached import PrefixCachedModel
@@ -264,23 +257,6 @@ def test_a_given_curve_is_never_corrected(virtual, backend):
     decoder = SpeculativeDecoder(temperature=0.0, backend=backend)
     _, stats = decoder.generate(PromptLookup(), model, PROMPT, 100)
     assert stats.total_draft_tokens_proposed == 0
-
-
-def test_an_adapter_that_measures_its_curve_keeps_the_policies_for_every_decoder(virtual, backend):
-    measured = virtual(VirtualClockModel(per_token=0.1))
-    assert isinstance(measured.draft_policies, DraftPolicies)
-    first = SpeculativeDecoder(temperature=0.0, backend=backend)
-    first.generate(PromptLookup(), measured, PROMPT, 40)
-    kept = measured.draft_policies.policy(["PromptLookup"], greedy=True)
-    assert kept._cells  # the first decoder's observations, in the model's policy
-    second = SpeculativeDecoder(temperature=0.0, backend=backend)
-    assert second._policy(Chain.of(PromptLookup()), measured) is kept
-    # a given curve: each decoder keeps its own policy (runs reproducible from the seed)
-    given = virtual(VirtualClockModel(per_token=0.1, cost_curve=[1.0 + 0.1 * i for i in range(16)]))
-    assert given.draft_policies is None
-    mine = first._policy(Chain.of(PromptLookup()), given)
-    assert mine is not kept and mine is first._policy(Chain.of(PromptLookup()), given)
-    assert second._policy(Chain.of(PromptLookup()), given) is not mine
 
 
 def test_curve_check_keeps_an_agreeing_curve_and_scales_a_wrong_one():

@@ -7,8 +7,6 @@ many drafted tokens the target verifies, from what is known before its pass).
 
 from __future__ import annotations
 
-import pickle
-
 import numpy as np
 import pytest
 from law_models import ContextModel
@@ -17,7 +15,6 @@ import specdec
 from specdec.drafters import (
     CostCurve,
     Drafter,
-    DraftPolicies,
     FixedDraftLength,
     PositionalDraftLength,
     PromptLookup,
@@ -306,49 +303,6 @@ def test_the_decoder_keeps_what_its_policy_learnt_until_reset(backend):
     assert drafted() < first  # it remembers that these drafts are never kept
     decoder.reset()
     assert drafted() == first
-
-
-def test_a_model_that_keeps_policies_shares_what_they_learnt_across_decoders(backend):
-    # as an adapter with a measured cost curve does (PrefixCachedModel.draft_policies)
-    target = ContextModel(VOCAB, seed=15, masked=4)
-    target.cost_curve = [1.0 + 0.05 * i for i in range(16)]
-    target.draft_policies = DraftPolicies()
-
-    def drafted(decoder, temperature=1.0):
-        decoder.temperature = temperature
-        _, stats = decoder.generate(Hopeless(), target, PROMPT, 60, rng=1)
-        return stats.total_draft_tokens_proposed
-
-    first = drafted(specdec.SpeculativeDecoder(backend=backend))
-    assert first > 0
-    assert drafted(specdec.SpeculativeDecoder(backend=backend)) < first  # a new decoder
-    assert len(target.draft_policies) == 1
-    # greedy decoding has its own policy: acceptance there is another quantity
-    greedy_first = drafted(specdec.SpeculativeDecoder(backend=backend), 0.0)
-    assert greedy_first > 0 and len(target.draft_policies) == 2
-    assert drafted(specdec.SpeculativeDecoder(backend=backend), 0.0) < greedy_first
-    # a decoder's reset forgets the model's policies, for every decoder
-    decoder = specdec.SpeculativeDecoder(backend=backend)
-    assert drafted(decoder) < first
-    decoder.reset()
-    assert len(target.draft_policies) == 0
-    assert drafted(specdec.SpeculativeDecoder(backend=backend)) == first
-    # a policy passed by the caller is the caller's alone
-    own = specdec.SpeculativeDecoder(draft_length=PositionalDraftLength(), backend=backend)
-    assert drafted(own) == first
-
-
-def test_draft_policies_survive_pickling():
-    store = DraftPolicies()
-    policy = store.policy(["PromptLookup"], greedy=True)
-    policy.observe((0, 3), 4, 1, 0.01, None)
-    copy = pickle.loads(pickle.dumps(store))
-    assert len(copy) == 1 and repr(copy) == "DraftPolicies(1 policies)"
-    copied = copy.policy(["PromptLookup"], greedy=True)
-    assert copied is not policy
-    learnt = copied.acceptance((0, 3), 2)
-    assert learnt == policy.acceptance((0, 3), 2) < PositionalDraftLength().acceptance((0, 3), 2)
-    assert copy.policy(("PromptLookup",), greedy=True) is copied  # names as any sequence
 
 
 def test_runs_are_reproducible_given_seed_curve_and_history(backend):

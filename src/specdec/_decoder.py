@@ -1,8 +1,7 @@
 """The speculative decoder: the public calls, their checks and the live settings.
 
 :class:`SpeculativeDecoder` holds the validated, live settings (as the reference's
-attributes are) and the draft-length policies it keeps across calls (unless the target
-adapter keeps them, :mod:`specdec.drafters.policies`); each call checks
+attributes are) and the draft-length policy it keeps across calls; each call checks
 its arguments, builds a :class:`~specdec._streaming.Run` and runs the loop of
 :mod:`specdec._loop` on it, through the backend's :class:`~specdec._verifier.Verifier`.
 Plain sampling, the baseline, is :mod:`specdec._sampling`.
@@ -29,7 +28,7 @@ from specdec._verifier import verifier_for
 from specdec.drafters.chain import Chain
 from specdec.drafters.cost import CostCurve
 from specdec.drafters.length import DraftLengthPolicy, FixedDraftLength
-from specdec.drafters.policies import DraftPolicies
+from specdec.drafters.positional import PositionalDraftLength
 
 DRAFT_LENGTHS = ("auto", "fixed", "adaptive")
 
@@ -111,9 +110,8 @@ class SpeculativeDecoder:
         ``"adaptive"`` uses :class:`specdec.drafters.PositionalDraftLength`, which drafts
         as many as pay off under the target's cost curve, possibly none; ``"auto"`` is
         adaptive for drafters and fixed for a plain draft model.  The adaptive policy is
-        kept, so what it learnt carries over between ``generate`` calls: by the target
-        adapter when it measures its cost curve (then across decoders), else by the
-        decoder (see :meth:`reset`).
+        kept by the decoder, so what it learnt carries over between ``generate`` calls
+        (see :meth:`reset`).
     backend : {"cython", "python"}, optional
         Kernel backend; default :data:`specdec.BACKEND`.
 
@@ -149,26 +147,19 @@ class SpeculativeDecoder:
         self._verifier = verifier_for(backend)
         self.backend = self._verifier.backend
         self._rng = None if seed is None else as_generator(seed, "seed")
-        self._policies = DraftPolicies()  # adaptive policies for models that keep none
-        self._shared = None  # the store of the last target model that keeps one
+        self._adaptive = None  # the adaptive policy, kept across generate calls
+        self._adaptive_for = None  # the draft sources' names it learnt from
 
     def reset(self) -> None:
-        """Forget what the adaptive draft-length policies learnt in earlier calls.
+        """Forget what the adaptive draft-length policy learnt in earlier calls.
 
-        With ``draft_length="auto"`` or ``"adaptive"``, drafters' lengths are chosen by a
-        :class:`~specdec.drafters.PositionalDraftLength`, one per kind of draft sources
-        and decoding mode (greedy or sampled), kept across ``generate`` calls so that
-        acceptance learnt in one call informs the next.  An adapter that measures its
-        cost curve keeps these policies for every decoder drafting for it
-        (``target_model.draft_policies``, :class:`~specdec.drafters.DraftPolicies`):
-        a decoder made per request starts from what earlier requests learnt.  Other
-        models get the decoder's own.  ``reset()`` forgets the decoder's own and those
-        of the last adapter it drafted for (for every decoder using them).  A policy
+        With ``draft_length="auto"`` or ``"adaptive"`` the decoder keeps one
+        :class:`~specdec.drafters.PositionalDraftLength`: acceptance learnt in one
+        ``generate`` call informs the next (it is also forgotten when the classes of the
+        draft sources change, e.g. from ``PromptLookup`` to ``SuffixDrafter``).  A policy
         passed as ``draft_length`` is the caller's: call its own ``reset()``.
         """
-        self._policies.clear()
-        if self._shared is not None:
-            self._shared.clear()
+        self._adaptive = self._adaptive_for = None
 
     # --- live, validated attributes -----------------------------------------------------
 
@@ -258,7 +249,7 @@ class SpeculativeDecoder:
             f"draft_length={self.draft_length!r}, backend={self.backend!r})"
         )
 
-    def _policy(self, chain: Chain, target_model) -> DraftLengthPolicy:
+    def _policy(self, chain: Chain) -> DraftLengthPolicy:
         choice = self.draft_length
         if isinstance(choice, DraftLengthPolicy):
             return choice
@@ -266,12 +257,9 @@ class SpeculativeDecoder:
             choice = "fixed" if not chain.drafters else "adaptive"
         if choice == "fixed":
             return FixedDraftLength()
-        store = getattr(target_model, "draft_policies", None)
-        if isinstance(store, DraftPolicies):
-            self._shared = store
-        else:
-            store = self._policies
-        return store.policy(chain.names, greedy=self._controls_values["temperature"] == 0)
+        if self._adaptive is None or self._adaptive_for != chain.names:
+            self._adaptive, self._adaptive_for = PositionalDraftLength(), list(chain.names)
+        return self._adaptive
 
     # --- the loop -----------------------------------------------------------------------
 
@@ -441,7 +429,7 @@ class SpeculativeDecoder:
         check_declared_vocab(prompt, eos, draft, target)
         max_tokens = self._max_tokens(chain)
         model_max_tokens = DEFAULT_GAMMA if self._gamma is None else self._gamma
-        policy = self._policy(chain, target_model)
+        policy = self._policy(chain)
         plan = Plan(
             verifier=self._verifier,
             controls=SamplingControls.from_user(**self._controls_values),

@@ -17,8 +17,7 @@ no model at all.
 * Draft-length policies: :class:`PositionalDraftLength` (the default for drafters:
   acceptance per position and strength of evidence against the target's
   :class:`CostCurve`; drafts what pays, possibly nothing) and :class:`FixedDraftLength`
-  (always ``gamma``); :class:`DraftLengthPolicy` is their interface;
-  :class:`DraftPolicies` keeps the adaptive ones for a target model, across decoders.
+  (always ``gamma``); :class:`DraftLengthPolicy` is their interface.
 """
 
 from specdec.drafters.base import Drafter
@@ -27,7 +26,6 @@ from specdec.drafters.cost import CostCurve
 from specdec.drafters.length import DraftLengthPolicy, FixedDraftLength
 from specdec.drafters.lookup import PromptLookup
 from specdec.drafters.ngram import NGram
-from specdec.drafters.policies import DraftPolicies
 from specdec.drafters.positional import PositionalDraftLength
 from specdec.drafters.suffix import SuffixDrafter
 
@@ -35,7 +33,6 @@ __all__ = [
     "Chain",
     "CostCurve",
     "DraftLengthPolicy",
-    "DraftPolicies",
     "Drafter",
     "FixedDraftLength",
     "NGram",

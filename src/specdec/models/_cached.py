@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from specdec.drafters.cost import CurveCheck
-from specdec.drafters.policies import DraftPolicies
 from specdec.models import _calibration
 
 __all__ = ["PrefixCachedModel"]
@@ -94,12 +93,6 @@ class PrefixCachedModel(abc.ABC):
         times (all of them, in order), which every draft-length policy decoding with
         this model reads, so that what one request's passes showed corrects the curve
         for the next ones; None when the curve was given (it is taken as is).
-    draft_policies : specdec.drafters.DraftPolicies or None
-        The adaptive draft-length policies of every decoder drafting for this model
-        (one per kind of draft sources and decoding mode), so that a decoder made per
-        request starts from what earlier requests' drafts showed; None when the cost
-        curve was given (each decoder then keeps its own, and a run is reproducible
-        from its seed and its decoder's history).
     """
 
     vocab_size: int
@@ -110,7 +103,6 @@ class PrefixCachedModel(abc.ABC):
         self._cost_curve = None if cost_curve is None else _calibration.check_cost_curve(cost_curve)
         self._cost_curve_given = cost_curve is not None
         self.cost_check = None if self._cost_curve_given else CurveCheck()
-        self.draft_policies = None if self._cost_curve_given else DraftPolicies()
         self._tree_cost_curve = (
             None
             if tree_cost_curve is None
