@@ -10,6 +10,7 @@ documented methods its tree selector calls (``drafters/_tree_selection.py``).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 
@@ -214,7 +215,9 @@ class PositionalDraftLength(DraftLengthPolicy):
 
     def _bucket(self, evidence: int) -> int:
         """The evidence bucket (its upper end) that ``evidence`` learns in."""
-        return next((b for b in self.EVIDENCE_BUCKETS if evidence <= b), self.MAX_EVIDENCE)
+        buckets = self.EVIDENCE_BUCKETS
+        i = bisect.bisect_left(buckets, evidence)  # the first upper end >= evidence
+        return buckets[i] if i < len(buckets) else self.MAX_EVIDENCE
 
     def cell_group(self, key) -> tuple:
         """``(source, evidence bucket)``: the group of cells that ``key`` learns in.

@@ -67,7 +67,12 @@ def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
     m = min(a.shape[0], b.shape[0])
     if m == 0:
         return 0
-    mismatch = np.flatnonzero(a[:m] != b[:m])
+    a, b = a[:m], b[:m].astype(a.dtype, copy=False)  # llama.cpp records int32 ids
+    if a.tobytes() == b.tobytes():
+        # The usual case (the cache holds a prefix of the sequence): a C comparison,
+        # where the search below goes through four NumPy Python layers.
+        return m
+    mismatch = np.flatnonzero(a != b)
     return int(mismatch[0]) if mismatch.size else m
 
 
