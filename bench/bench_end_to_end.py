@@ -139,9 +139,6 @@ EOS = 2
 
 #: llama-cpp-python's and Hugging Face's prompt lookup: tokens proposed per step.
 PEER_LOOKUP_TOKENS = 10
-#: ``lookup-hold``'s ``same_size_discount`` (a pass of the previous one's size measured
-#: 9-13% cheaper than after a one-token pass with llama.cpp, docs/performance.md).
-HOLD_DISCOUNT = 0.1
 
 # --- configuration ------------------------------------------------------------------------
 
@@ -157,7 +154,6 @@ LLAMA_KINDS = (
     "lookup-tie",
     "lookup-nocopy",
     "lookup-kept",
-    "lookup-hold",
     "sample-min2",
     "lookup-min2",
     "lcpp",
@@ -458,8 +454,7 @@ class Bench:
         if kind == "lookup-nocopy":  # every match on its own (no copy followed or resumed)
             return PromptLookup(copy_window=0)
         if kind in (
-            "lookup", "lookup-tree", "lookup-heuristic", "lookup-min2", "lookup-tie",
-            "lookup-kept", "lookup-hold",
+            "lookup", "lookup-tree", "lookup-heuristic", "lookup-min2", "lookup-tie", "lookup-kept"
         ):  # fmt: skip
             return PromptLookup()
         if kind == "suffix":
@@ -486,8 +481,6 @@ class Bench:
             length = "fixed"
         elif kind == "lookup-tie":  # near ties, the shortest draft while cells are new
             length = PositionalDraftLength(tie_tolerance=0.06)
-        elif kind == "lookup-hold":  # keep the previous pass's length when nearly as good
-            length = PositionalDraftLength(same_size_discount=HOLD_DISCOUNT)
         return specdec.SpeculativeDecoder(temperature=temperature, draft_length=length, **gamma)
 
     # -- prefill ----------------------------------------------------------------------------

@@ -31,7 +31,6 @@ KIND_LABELS = {
     "lookup-tie": "specdec + PromptLookup, tie_tolerance=0.06",
     "lookup-nocopy": "specdec + PromptLookup, copy_window=0",
     "lookup-kept": "specdec + PromptLookup, one decoder kept for every request",
-    "lookup-hold": "specdec + PromptLookup, same_size_discount=0.1",
     "sample-min2": "specdec.sample, min_eval_tokens=2",
     "lookup-min2": "specdec + PromptLookup, min_eval_tokens=2",
     "lcpp": "llama-cpp-python create_completion",

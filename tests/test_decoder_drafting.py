@@ -140,9 +140,8 @@ def test_chain_of_drafter_and_model_keeps_the_law(backend, verification):
         lambda: FixedDraftLength(),
         lambda: PositionalDraftLength(target_cost=[1.0, 1.1, 1.2, 1.3]),
         lambda: PositionalDraftLength(min_tokens=1, p_min=0.3),
-        lambda: PositionalDraftLength(target_cost=[1.0, 1.1, 1.2, 1.3], same_size_discount=0.3),
     ],
-    ids=["confident", "fixed", "positional", "positional-pmin", "positional-hold"],
+    ids=["confident", "fixed", "positional", "positional-pmin"],
 )
 def test_draft_length_policies_keep_the_law(backend, make_policy):
     """A policy decides from earlier steps only, so any policy keeps the law; with a

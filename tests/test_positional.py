@@ -159,52 +159,6 @@ def test_bad_tie_tolerance_is_a_clear_error(tolerance):
         PositionalDraftLength(tie_tolerance=tolerance)
 
 
-#: A curve on which long drafts of a copy pay, but not by much per extra token.
-_COPY_CURVE = [1.0, 1.6, 2.0, 2.4, 2.8, 3.2, 3.6, 4.0, 4.4, 4.8, 5.2, 5.6, 6.0, 6.4, 6.8, 7.2]
-
-
-@pytest.mark.parametrize("discount", [0.0, 0.02, 0.1, 0.3])
-def test_same_size_discount_keeps_the_previous_length_when_close(discount):
-    """After a pass of 7 drafts, 7 is drafted again iff its rate is within the discount of
-    the best length's; with no discount the best length itself."""
-    policy = PositionalDraftLength(target_cost=_COPY_CURVE, same_size_discount=discount)
-    policy.start(16)
-    key = (0, 12)
-    policy.observe(key, 7, 7, 0.0, True)
-    rates = _rates(policy, key, 16)
-    best = rates.index(max(rates))
-    assert best not in (0, 7)
-    close = rates[7] >= (1.0 - discount) * rates[best]
-    assert policy.length(key, 16) == (7 if close else best)
-    assert close == (discount >= 0.1)  # the case is one where the discount decides
-    assert policy.length(key, 5) == policy.best_length(key, 5)[0]  # 7 not offered
-
-
-def test_same_size_discount_never_turns_no_draft_into_a_draft():
-    """Holding a length chooses between drafts that pay; it never drafts when none does."""
-    policy = PositionalDraftLength(target_cost=[1.0, 1.9, 2.8, 3.7], same_size_discount=0.5)
-    policy.start(3)
-    policy.observe((0, 1), 2, 2, 0.0, True)
-    assert policy.best_length((0, 1), 3)[0] == 0
-    assert policy.length((0, 1), 3) == 0
-
-
-def test_same_size_discount_starts_afresh_with_each_call():
-    """The previous pass is the calling thread's, in this generate call."""
-    policy = PositionalDraftLength(target_cost=_COPY_CURVE, same_size_discount=0.3)
-    policy.start(16)
-    policy.observe((0, 12), 7, 7, 0.0, True)
-    assert policy.length((0, 12), 16) == 7
-    policy.start(16)
-    assert policy.length((0, 12), 16) == policy.best_length((0, 12), 16)[0] != 7
-
-
-@pytest.mark.parametrize("discount", [-0.1, 1.0, float("nan"), "x", True])
-def test_bad_same_size_discount_is_a_clear_error(discount):
-    with pytest.raises(ValueError, match=r"same_size_discount must be a number in \[0, 1\)"):
-        PositionalDraftLength(same_size_discount=discount)
-
-
 @pytest.mark.parametrize("offset_rate", [0.0, 0.6])
 def test_rejections_at_a_position_shorten_the_drafts(offset_rate):
     policy = PositionalDraftLength(target_cost=[1.0, 1.1, 1.2, 1.3], offset_rate=offset_rate)

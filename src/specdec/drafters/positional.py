@@ -15,7 +15,6 @@ import itertools
 import math
 
 from specdec._validation import is_int, is_real
-from specdec.drafters._threads import PerThread
 from specdec.drafters._tree_selection import TreeSelector
 from specdec.drafters.cost import (
     CostCurve,
@@ -112,16 +111,6 @@ class PositionalDraftLength(DraftLengthPolicy):
         per request, greedy (docs/performance.md): 0.06 gained open text 0.5-1.4%
         and cost the verbatim quote 5-13% (its copy starts on the same weak matches),
         other grounded prompts even; so it is an option for open-ended traffic.
-    same_size_discount : float in [0, 1), default 0.0
-        When a draft pays, keep the previous pass's draft length if its expected
-        tokens per unit of cost come within this fraction of the best length's.  The
-        cost curve times every size after a one-token pass; with llama.cpp a pass of
-        the size of the pass before it costs less (it reuses the compute graph, and a
-        change of size often costs a few ms more: 8 tokens after 8 took 44.8 ms, after
-        one token 50.0 ms, on the VM of docs/performance.md), so a copy whose drafts
-        keep one length is cheaper than the curve says.  The previous pass is the last
-        one this policy observed in the calling thread (a step without a proposal is
-        not observed).  0 (the default) ignores the previous pass.
 
     Examples
     --------
@@ -147,9 +136,6 @@ class PositionalDraftLength(DraftLengthPolicy):
     #: at most e^2 = 7.4 up and e^-3 = 1/20 down in odds.
     OFFSET_BOUNDS = (-3.0, 2.0)
 
-    # The calling thread's last chain pass: its draft length (0: none, or a tree).
-    _previous = PerThread(lambda: 0)
-
     def __init__(
         self,
         min_tokens: int = 0,
@@ -162,7 +148,6 @@ class PositionalDraftLength(DraftLengthPolicy):
         memory: float = 0.98,
         offset_rate: float = 0.6,
         tie_tolerance: float = 0.0,
-        same_size_discount: float = 0.0,
     ) -> None:
         if not is_int(min_tokens) or min_tokens < 0:
             raise ValueError(f"min_tokens must be an int >= 0, got {min_tokens!r}")
@@ -177,12 +162,8 @@ class PositionalDraftLength(DraftLengthPolicy):
             raise ValueError(f"draft_cost must be a finite number >= 0, got {draft_cost!r}")
         if not is_real(offset_rate) or not 0.0 <= offset_rate < math.inf:
             raise ValueError(f"offset_rate must be a finite number >= 0, got {offset_rate!r}")
-        for name, value in (
-            ("tie_tolerance", tie_tolerance),
-            ("same_size_discount", same_size_discount),
-        ):
-            if not is_real(value) or not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+        if not is_real(tie_tolerance) or not 0.0 <= tie_tolerance < 1.0:
+            raise ValueError(f"tie_tolerance must be a number in [0, 1), got {tie_tolerance!r}")
         self.min_tokens = int(min_tokens)
         self.p_min = float(p_min)
         self.target_cost = check_target_cost(target_cost, "target_cost")
@@ -192,7 +173,6 @@ class PositionalDraftLength(DraftLengthPolicy):
         self.memory = float(memory)
         self.offset_rate = float(offset_rate)
         self.tie_tolerance = float(tie_tolerance)
-        self.same_size_discount = float(same_size_discount)
         self._priors: dict = {}  # evidence -> prior acceptance by position (a cache)
         self.reset()
 
@@ -202,8 +182,7 @@ class PositionalDraftLength(DraftLengthPolicy):
             f"target_cost={self.target_cost!r}, draft_cost={self.draft_cost}, "
             f"prior_acceptance={self.prior_acceptance}, "
             f"prior_strength={self.prior_strength}, memory={self.memory}, "
-            f"offset_rate={self.offset_rate}, tie_tolerance={self.tie_tolerance}, "
-            f"same_size_discount={self.same_size_discount})"
+            f"offset_rate={self.offset_rate}, tie_tolerance={self.tie_tolerance})"
         )
 
     def reset(self) -> None:
@@ -229,7 +208,6 @@ class PositionalDraftLength(DraftLengthPolicy):
             The target model's cost curve, used unless ``target_cost`` was given.
         """
         self._max = max_tokens
-        self._previous = 0
         self._cost = chosen_cost(self.target_cost, target_cost)
         # an adapter's check serves every policy decoding with it: what earlier
         # requests' passes showed is known from this request's first step
@@ -391,42 +369,7 @@ class PositionalDraftLength(DraftLengthPolicy):
         offered = min(offered, self._max)
         if offered <= 0:
             return 0
-        n, rate = self.best_length(key, offered)
-        if n and self.same_size_discount:
-            n = self.held(key, n, rate, offered)
-        return self.probed(key, n)
-
-    def held(self, key, best_n: int, best_rate: float, offered: int) -> int:
-        """``best_n``, or the previous pass's draft length if it comes close enough.
-
-        See ``same_size_discount``: the previous length is kept when its expected tokens
-        per unit of cost are at least ``best_rate * (1 - same_size_discount)``.
-
-        Parameters
-        ----------
-        key : tuple (source, evidence)
-            As given to :meth:`length`.
-        best_n : int
-            The best length (> 0), as :meth:`best_length` found it.
-        best_rate : float
-            Its expected tokens per unit of cost.
-        offered : int
-            The most tokens that may be drafted.
-
-        Returns
-        -------
-        int
-        """
-        previous = self._previous
-        if previous == best_n or not max(self.min_tokens, 1) <= previous <= offered:
-            return best_n
-        expected, survive = 1.0, 1.0
-        for a in self.acceptances(key, previous):
-            survive *= a
-            expected += survive
-        cost = self._with_drafting(self._curve().drafts_table(previous))[previous]
-        close = expected / cost >= best_rate * (1.0 - self.same_size_discount)
-        return previous if close else best_n
+        return self.probed(key, self.best_length(key, offered)[0])
 
     def best_length(self, key, offered: int) -> tuple:
         """``(n, rate)``: the draft length in [0, offered] with the most tokens per cost.
@@ -544,7 +487,6 @@ class PositionalDraftLength(DraftLengthPolicy):
         if drafted == 0 and shadow is not None:
             # a free observation: a key that gets them never needs a paid probe
             self._idle[self.cell_group(key)] = 0
-        self._previous = drafted
         self.learn(key, outcomes, outcomes)
         if self.target_cost is None and self._check is self._own_check:
             self._check.record(drafted, target_seconds)  # an adapter's check times itself
@@ -604,7 +546,6 @@ class PositionalDraftLength(DraftLengthPolicy):
         target_seconds : float
             Wall time of the target pass (trees are not timed against the curve).
         """
-        self._previous = 0  # a tree's pass: no chain length to keep
         self.trees.observe(self, key, tree, selected, path, next_token)
 
     def offset(self, source) -> float:
