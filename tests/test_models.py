@@ -215,6 +215,29 @@ def check_memory_stable(draft, target, prompt, n_new, n_calls=5):
 
 
 @pytest.mark.install  # how the optional extras install: also run by .ci/run's install stages
+@pytest.mark.parametrize("cached_dtype", [np.int64, np.int32])
+@pytest.mark.parametrize(
+    "seq, cached",
+    [
+        ([5, 6, 7, 8], [5, 6, 7]),  # the cache holds a prefix (the usual case)
+        ([5, 6, 7], [5, 6, 7, 8, 9]),  # it holds rejected drafts past the sequence
+        ([5, 6, 7, 8], [5, 9, 7, 8]),  # they differ inside
+        ([5, 6], [1, 6]),
+        ([5, 6], []),
+        ([70000, 2], [70000, 3]),  # ids past int16, as a large vocabulary has
+    ],
+)
+def test_common_prefix_length_counts_the_agreeing_positions(seq, cached, cached_dtype):
+    """The adapters' cache check, against a loop (llama.cpp records its ids as int32)."""
+    from specdec.models._cached import common_prefix_length
+
+    expected = 0
+    while expected < min(len(seq), len(cached)) and seq[expected] == cached[expected]:
+        expected += 1
+    got = common_prefix_length(np.array(seq, dtype=np.int64), np.array(cached, dtype=cached_dtype))
+    assert got == expected
+
+
 def test_import_does_not_pull_heavy_dependencies():
     code = (
         "import sys, specdec.models\n"

@@ -159,6 +159,14 @@ def test_bad_tie_tolerance_is_a_clear_error(tolerance):
         PositionalDraftLength(tie_tolerance=tolerance)
 
 
+def test_evidence_learns_in_the_smallest_bucket_that_holds_it():
+    policy = PositionalDraftLength()
+    buckets = policy.EVIDENCE_BUCKETS
+    for evidence in range(0, 2 * policy.MAX_EVIDENCE):
+        expected = next((b for b in buckets if evidence <= b), policy.MAX_EVIDENCE)
+        assert policy.cell_group((0, evidence)) == (0, expected)
+
+
 @pytest.mark.parametrize("offset_rate", [0.0, 0.6])
 def test_rejections_at_a_position_shorten_the_drafts(offset_rate):
     policy = PositionalDraftLength(target_cost=[1.0, 1.1, 1.2, 1.3], offset_rate=offset_rate)
