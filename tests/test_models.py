@@ -593,6 +593,31 @@ def test_llama_forward_returns_a_copy(smol_target, smol_prompt):
     np.testing.assert_array_equal(out, kept)
 
 
+def test_llama_token_batch_rows_are_llama_cpps_output_rows(smollm2, smol_prompt):
+    # TokenBatch writes the batch through views made once and keeps views of
+    # llama.cpp's logits buffer by row count while it stays at one address: after
+    # decodes of 1, 24 (more rows than the buffer first held: llama.cpp reallocates
+    # it), 1 and 3 outputs, each row must be the one llama.cpp's own accessor
+    # (llama_get_logits_ith) gives, at the position asked for.
+    llama_cpp = importlib.import_module("llama_cpp")
+    from specdec.models._llama_batch import TokenBatch
+
+    adapter = models.LlamaCppModel(smollm2, **LLAMA_KW)
+    ctx = adapter.llama.ctx
+    batch = TokenBatch(llama_cpp, adapter.llama.n_batch)
+    tokens = np.array(list(smol_prompt) + list(range(100, 130)), dtype=np.int32)
+    n_past = 0
+    for n, n_out in ((len(smol_prompt), 1), (24, 24), (1, 1), (5, 3)):
+        batch.decode(ctx, tokens[n_past : n_past + n], n_past, n - n_out)
+        rows = batch.logits(ctx, n_out, SMOL_VOCAB).copy()
+        for j in range(n_out):
+            ith = llama_cpp.llama_get_logits_ith(ctx, n - n_out + j)
+            expected = np.ctypeslib.as_array(ith, shape=(SMOL_VOCAB,))
+            np.testing.assert_array_equal(rows[j], expected)
+        n_past += n
+    assert len(batch._logits_views) >= 1  # the views are kept, not made on every call
+
+
 def test_llama_counts_and_same_sequence(smol_target, smol_prompt, smol_fresh):
     smol_target.reset()
     ids = np.array([smol_prompt])

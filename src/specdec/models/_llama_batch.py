@@ -43,8 +43,19 @@ class TokenBatch:
         for i in range(self.capacity):  # every token belongs to sequence 0, once set
             batch.seq_id[i][0] = 0
             batch.n_seq_id[i] = 1
-        self._positions = np.arange(self.capacity, dtype=np.int32)
-        self._flags = np.zeros(self.capacity, dtype=np.int8)
+        self._offsets = np.arange(self.capacity, dtype=np.int32)
+        # NumPy views of the batch's own arrays, made once: each decode writes into
+        # them.  A pass runs right after llama.cpp has streamed the weights through
+        # the caches, where every Python and ctypes step is a cold one: going through
+        # ctypes.memmove and ``ndarray.ctypes`` there cost about 20 us a pass.
+        shape = (self.capacity,)
+        self._tokens = np.ctypeslib.as_array(batch.token, shape=shape)
+        self._positions = np.ctypeslib.as_array(batch.pos, shape=shape)
+        self._outputs = np.ctypeslib.as_array(batch.logits, shape=shape)
+        # Views of llama.cpp's logits buffer by row count, while it stays at one
+        # address (np.ctypeslib.as_array on a pointer cost about 30 us a pass here).
+        self._logits_address = None
+        self._logits_views: dict = {}
 
     def decode(self, ctx: Any, tokens: np.ndarray, n_past: int, first_output: int) -> None:
         """Evaluate ``tokens`` at positions ``n_past...``; rows from ``first_output`` on.
@@ -69,13 +80,11 @@ class TokenBatch:
         n = tokens.shape[0]
         batch = self._batch
         batch.n_tokens = n
-        ctypes.memmove(batch.token, tokens.ctypes.data, 4 * n)
-        positions = self._positions[:n] + np.int32(n_past)
-        ctypes.memmove(batch.pos, positions.ctypes.data, 4 * n)
-        flags = self._flags[:n]
-        flags[:first_output] = 0
-        flags[first_output:] = 1
-        ctypes.memmove(batch.logits, flags.ctypes.data, n)
+        self._tokens[:n] = tokens
+        np.add(self._offsets[:n], n_past, out=self._positions[:n])
+        outputs = self._outputs
+        outputs[:first_output] = 0
+        outputs[first_output:n] = 1
         code = self._lib.llama_decode(ctx, batch)
         if code != 0:
             raise RuntimeError(f"llama_decode returned {code} for {n} tokens at position {n_past}")
@@ -86,4 +95,13 @@ class TokenBatch:
         Valid until the next evaluation: copy what must be kept.
         """
         pointer = self._lib.llama_get_logits(ctx)
-        return np.ctypeslib.as_array(pointer, shape=(n_rows, n_vocab))
+        address = ctypes.cast(pointer, ctypes.c_void_p).value
+        if not address:
+            raise RuntimeError("llama_get_logits returned no logits")
+        if address != self._logits_address:  # llama.cpp reallocated its output buffer
+            self._logits_address, self._logits_views = address, {}
+        shape = (n_rows, n_vocab)
+        view = self._logits_views.get(shape)
+        if view is None:
+            view = self._logits_views[shape] = np.ctypeslib.as_array(pointer, shape=shape)
+        return view
