@@ -593,18 +593,34 @@ def test_llama_forward_returns_a_copy(smol_target, smol_prompt):
     np.testing.assert_array_equal(out, kept)
 
 
-def test_llama_token_batch_rows_are_llama_cpps_output_rows(smollm2, smol_prompt):
-    # TokenBatch writes the batch through views made once and keeps views of
-    # llama.cpp's logits buffer by row count while it stays at one address: after
-    # decodes of 1, 24 (more rows than the buffer first held: llama.cpp reallocates
-    # it), 1 and 3 outputs, each row must be the one llama.cpp's own accessor
-    # (llama_get_logits_ith) gives, at the position asked for.
+class _WrappedLogits:
+    """``llama_cpp`` whose ``llama_get_logits`` is a Python function, not the C one."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def llama_get_logits(self, ctx):
+        return self._lib.llama_get_logits(ctx)
+
+
+@pytest.mark.parametrize("binding", ["ctypes", "python"])
+def test_llama_token_batch_rows_are_llama_cpps_output_rows(smollm2, smol_prompt, binding):
+    # TokenBatch writes the batch through views made once, asks llama_get_logits
+    # for an address (through the C function itself when it can) and keeps views
+    # of llama.cpp's logits buffer by row count while it stays at one address:
+    # after decodes of 1, 24 (more rows than the buffer first held: llama.cpp
+    # reallocates it), 1 and 3 outputs, each row must be the one llama.cpp's own
+    # accessor (llama_get_logits_ith) gives, at the position asked for.
     llama_cpp = importlib.import_module("llama_cpp")
     from specdec.models._llama_batch import TokenBatch
 
     adapter = models.LlamaCppModel(smollm2, **LLAMA_KW)
     ctx = adapter.llama.ctx
-    batch = TokenBatch(llama_cpp, adapter.llama.n_batch)
+    lib = llama_cpp if binding == "ctypes" else _WrappedLogits(llama_cpp)
+    batch = TokenBatch(lib, adapter.llama.n_batch)
     tokens = np.array(list(smol_prompt) + list(range(100, 130)), dtype=np.int32)
     n_past = 0
     for n, n_out in ((len(smol_prompt), 1), (24, 24), (1, 1), (5, 3)):

@@ -56,6 +56,7 @@ class TokenBatch:
         # address (np.ctypeslib.as_array on a pointer cost about 30 us a pass here).
         self._logits_address = None
         self._logits_views: dict = {}
+        self._logits_at = _address_answering(lib.llama_get_logits)
 
     def decode(self, ctx: Any, tokens: np.ndarray, n_past: int, first_output: int) -> None:
         """Evaluate ``tokens`` at positions ``n_past...``; rows from ``first_output`` on.
@@ -94,8 +95,7 @@ class TokenBatch:
 
         Valid until the next evaluation: copy what must be kept.
         """
-        pointer = self._lib.llama_get_logits(ctx)
-        address = ctypes.cast(pointer, ctypes.c_void_p).value
+        address = self._logits_at(ctx)
         if not address:
             raise RuntimeError("llama_get_logits returned no logits")
         if address != self._logits_address:  # llama.cpp reallocated its output buffer
@@ -103,5 +103,19 @@ class TokenBatch:
         shape = (n_rows, n_vocab)
         view = self._logits_views.get(shape)
         if view is None:
-            view = self._logits_views[shape] = np.ctypeslib.as_array(pointer, shape=shape)
+            floats = (ctypes.c_float * (n_rows * n_vocab)).from_address(address)
+            view = self._logits_views[shape] = np.frombuffer(floats, np.float32).reshape(shape)
         return view
+
+
+def _address_answering(get_logits):
+    """``llama_get_logits`` answering the buffer's address as an int (0: none).
+
+    The binding answers a new ctypes pointer object, which must then be cast: about
+    15 us a pass, run cold right after a decode.  The same C function called through
+    a prototype that returns ``c_void_p`` gives the int directly.
+    """
+    if isinstance(get_logits, ctypes._CFuncPtr):
+        address = ctypes.cast(get_logits, ctypes.c_void_p).value
+        return ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(address)
+    return lambda ctx: ctypes.cast(get_logits(ctx), ctypes.c_void_p).value or 0
