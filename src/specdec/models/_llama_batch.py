@@ -109,7 +109,7 @@ class TokenBatch:
 
 
 def _address_answering(get_logits):
-    """``llama_get_logits`` answering the buffer's address as an int (0: none).
+    """``llama_get_logits`` answering the buffer's address as an int (None or 0: none).
 
     The binding answers a new ctypes pointer object, which must then be cast: about
     15 us a pass, run cold right after a decode.  The same C function called through
