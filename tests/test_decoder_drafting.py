@@ -271,6 +271,34 @@ def test_adaptive_length_drafts_long_when_drafts_are_always_kept(backend):
     assert stats.draft_length_histogram[8] >= 0.6 * stats.num_target_forward_passes
 
 
+def test_adaptive_policy_takes_the_shorter_of_near_ties_only_while_sampling(backend):
+    """The decoder's own adaptive policy uses SAMPLING_TIE_TOLERANCE at a temperature
+    above 0 and the best ratio (0) when greedy, following the live temperature and
+    keeping what it learnt; a policy the caller passes is never changed."""
+    from specdec._decoder import SAMPLING_TIE_TOLERANCE
+
+    assert 0.0 < SAMPLING_TIE_TOLERANCE < 1.0
+    target = target_model()
+    decoder = specdec.SpeculativeDecoder(4, temperature=0.7, backend=backend)
+    decoder.generate(ContextDrafter(), target, PROMPT, 20, rng=0)
+    policy = decoder._adaptive  # the decoder's own (draft_length="auto")
+    assert policy.tie_tolerance == SAMPLING_TIE_TOLERANCE
+    decoder.temperature = 0.0
+    decoder.generate(ContextDrafter(), target, PROMPT, 20, rng=0)
+    assert decoder._adaptive is policy and policy.tie_tolerance == 0.0
+    decoder.temperature = 1.0
+    decoder.generate(ContextDrafter(), target, PROMPT, 20, rng=0)
+    assert policy.tie_tolerance == SAMPLING_TIE_TOLERANCE
+
+    own = PositionalDraftLength(tie_tolerance=0.02)
+    mine = specdec.SpeculativeDecoder(4, temperature=0.7, draft_length=own, backend=backend)
+    mine.generate(ContextDrafter(), target, PROMPT, 20, rng=0)
+    assert own.tie_tolerance == 0.02
+    greedy = specdec.SpeculativeDecoder(4, temperature=0.0, draft_length=own, backend=backend)
+    greedy.generate(ContextDrafter(), target, PROMPT, 20, rng=0)
+    assert own.tie_tolerance == 0.02
+
+
 # --- stats, drafter protocol, errors -----------------------------------------------------
 
 

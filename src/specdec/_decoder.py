@@ -42,6 +42,17 @@ DEFAULT_GAMMA = 4
 DEFAULT_TREE_WIDTH = 4
 
 
+#: The adaptive policy's ``tie_tolerance`` while the decoder samples (temperature > 0);
+#: greedy decoding takes the best ratio (0).  Sampled drafts are kept less often than
+#: the priors (set from greedy copies) expect, and a draft that fails costs a whole
+#: pass: near a tie the shorter length loses less.  Replayed at 0.7 on recorded SmolLM2
+#: outputs with three cost curves, every prompt set ran as fast or faster (grounded
+#: +0.6-3.0%, open 0-1.2%); end to end with llama.cpp on 2 cores at 0.7 (2026-12-07,
+#: three processes), grounded 0.966x -> 1.003x and open 1.004x -> 1.013x the fastest
+#: plain loop.  Greedy, it cost the copies 5-13% (docs/performance.md).
+SAMPLING_TIE_TOLERANCE = 0.06
+
+
 def _tree_width(target: ModelCaller, target_model, policy) -> int:
     """The most candidates per tree of drafts: 0 (chains) unless all can do trees.
 
@@ -108,7 +119,8 @@ class SpeculativeDecoder:
     draft_length : {"auto", "fixed", "adaptive"} or DraftLengthPolicy, default "auto"
         ``"fixed"`` drafts ``gamma`` tokens per step (the reference's rule);
         ``"adaptive"`` uses :class:`specdec.drafters.PositionalDraftLength`, which drafts
-        as many as pay off under the target's cost curve, possibly none; ``"auto"`` is
+        as many as pay off under the target's cost curve, possibly none (while sampling,
+        with ``tie_tolerance=0.06``: near a tie, the shorter draft); ``"auto"`` is
         adaptive for drafters and fixed for a plain draft model.  The adaptive policy is
         kept by the decoder, so what it learnt carries over between ``generate`` calls
         (see :meth:`reset`).
@@ -249,7 +261,7 @@ class SpeculativeDecoder:
             f"draft_length={self.draft_length!r}, backend={self.backend!r})"
         )
 
-    def _policy(self, chain: Chain) -> DraftLengthPolicy:
+    def _policy(self, chain: Chain, sampling: bool) -> DraftLengthPolicy:
         choice = self.draft_length
         if isinstance(choice, DraftLengthPolicy):
             return choice
@@ -259,6 +271,8 @@ class SpeculativeDecoder:
             return FixedDraftLength()
         if self._adaptive is None or self._adaptive_for != chain.names:
             self._adaptive, self._adaptive_for = PositionalDraftLength(), list(chain.names)
+        # set at every call: the temperature is live
+        self._adaptive.tie_tolerance = SAMPLING_TIE_TOLERANCE if sampling else 0.0
         return self._adaptive
 
     # --- the loop -----------------------------------------------------------------------
@@ -429,10 +443,11 @@ class SpeculativeDecoder:
         check_declared_vocab(prompt, eos, draft, target)
         max_tokens = self._max_tokens(chain)
         model_max_tokens = DEFAULT_GAMMA if self._gamma is None else self._gamma
-        policy = self._policy(chain)
+        controls = SamplingControls.from_user(**self._controls_values)
+        policy = self._policy(chain, sampling=controls.temperature > 0.0)
         plan = Plan(
             verifier=self._verifier,
-            controls=SamplingControls.from_user(**self._controls_values),
+            controls=controls,
             block=self.verification == "block",
             max_tokens=max_tokens,
             model_max_tokens=model_max_tokens,
