@@ -154,11 +154,10 @@ class LlamaCppTreeModel(LlamaCppModel):
             code = lib.llama_decode(ctx, batch)
             if code != 0:
                 raise RuntimeError(f"llama_decode returned {code} for a tree of {n} nodes")
-            first_row = length - 1 - start
-            rows = np.empty((n + 1, self.vocab_size), dtype=np.float32)
-            for r in range(n + 1):
-                pointer = lib.llama_get_logits_ith(ctx, first_row + r)
-                rows[r] = np.ctypeslib.as_array(pointer, shape=(self.vocab_size,))
+            # The n + 1 outputs (the prefix's last token, then the nodes) in batch
+            # order: one view of llama.cpp's buffer (a view per row cost about 30 us
+            # each right after the decode).
+            rows = self._batch.logits(ctx, n + 1, self.vocab_size).copy()
             lib.llama_memory_seq_keep(mem, 0)
             # The Llama object's record: the prefix, then the kept branch (see LlamaCppModel).
             llama = self.llama
