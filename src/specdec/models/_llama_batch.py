@@ -91,9 +91,11 @@ class TokenBatch:
             raise RuntimeError(f"llama_decode returned {code} for {n} tokens at position {n_past}")
 
     def logits(self, ctx: Any, n_rows: int, n_vocab: int) -> np.ndarray:
-        """The last :meth:`decode`'s output rows, a view of llama.cpp's buffer.
+        """The output rows of ``ctx``'s last decode, a view of llama.cpp's buffer.
 
-        Valid until the next evaluation: copy what must be kept.
+        The last decode may be this batch's or another one's in the same context
+        (``LlamaCppTreeModel``'s trees).  Valid until the next evaluation: copy what
+        must be kept.
         """
         address = self._logits_at(ctx)
         if not address:
