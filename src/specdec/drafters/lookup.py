@@ -30,19 +30,20 @@ class _Request:
     """What a :class:`PromptLookup` keeps about one request's sequence (per thread)."""
 
     __slots__ = (
-        "match_size", "match_position", "matched_n", "buffer", "length", "index", "older",
-        "proposed", "copy",
+        "match_size", "match_position", "matched_n", "ids", "index", "older", "proposed",
+        "copy",
     )  # fmt: skip
 
     def __init__(self) -> None:
         self.match_size = 0  # last_match_size
         self.match_position = -1  # last_match_position
         self.matched_n = 0  # the n of the n-gram the last proposal matched
-        # The indexed sequence: buffer[:length] (grown by doubling), and for every
-        # n-gram ending at positions 0 .. length - 2, the start of its latest
-        # occurrence.  One dict serves every n: a key's length is its n.
-        self.buffer = np.zeros(64, dtype=np.int64)
-        self.length = 0
+        # The indexed sequence, as Python ints, and for every n-gram ending at
+        # positions 0 .. len(ids) - 2, the start of its latest occurrence.  One dict
+        # serves every n: a key's length is its n.  A list, not an array: a step's few
+        # reads and comparisons then stay in the interpreter, where each NumPy call
+        # would cost 5-15 us right after a model's pass has evicted the caches.
+        self.ids: list = []
         self.index: dict = {}
         # (start, n) -> the start of the n-gram's occurrence before the one at start:
         # the occurrences of an n-gram, latest first, for propose_candidates.
@@ -54,7 +55,7 @@ class _Request:
         # it resumed a copy; None after an empty one.
         self.proposed = None
         # The tokens last confirmed as copied: (source end, sequence end, evidence,
-        # run), the buffer positions just after them in the source and in the
+        # run), the positions just after them in the source and in the
         # sequence, the copy's match size and its unbroken length (since its last
         # edit); None when there is none to resume.
         self.copy = None
@@ -228,7 +229,7 @@ class PromptLookup(SharedState, Drafter):
         """
         prompt = as_sequence(prompt, "prompt")
         request = self._request = _Request()
-        self._append(request, prompt)
+        self._append(request, prompt.tolist())
 
     def propose(self, tokens, max_tokens: int) -> np.ndarray:
         """Propose what followed the latest earlier match of the last n-gram, or the copy's source.
@@ -269,7 +270,7 @@ class PromptLookup(SharedState, Drafter):
             start = index.get(tuple(tail[top - n :]))
             if start is not None:
                 begin = start + n  # <= length - 1: the trailing n-gram is not indexed
-                own = self._extended(request.buffer, start, length - n, n)
+                own = self._extended(request.ids, start, length - n, n)
                 resumed = self._resumes(request, begin, length, own)
                 match = min(own + resumed, self.EVIDENCE_LIMIT)
                 return self._proposal(
@@ -284,7 +285,7 @@ class PromptLookup(SharedState, Drafter):
         request.matched_n = n
         request.proposed = (begin, length, match, run, resumed)
         end = min(begin + self.num_tokens, begin + max_tokens, length)
-        return request.buffer[begin:end].copy()
+        return np.array(request.ids[begin:end], dtype=np.int64)
 
     #: Earlier occurrences looked at per call of :meth:`propose_candidates`, at most.
     MAX_OCCURRENCES = 32
@@ -321,8 +322,9 @@ class PromptLookup(SharedState, Drafter):
         n, start = request.matched_n, request.match_position
         limit = min(self.num_tokens, max_tokens)
         length = tokens.shape[0]
-        seen = {tuple(first[:i]) for i in range(1, len(first) + 1)}
-        older, buffer = request.older, request.buffer
+        best = first.tolist()
+        seen = {tuple(best[:i]) for i in range(1, len(best) + 1)}
+        older, ids = request.older, request.ids
         latest = request.index.get(tuple(tokens[length - n :].tolist()))
         # A followed copy's source need not be the latest occurrence: walk from that.
         following = latest is not None and latest != start
@@ -334,12 +336,11 @@ class PromptLookup(SharedState, Drafter):
             if start is None:
                 break
             begin = start + n
-            candidate = buffer[begin : min(begin + limit, length)]
-            key = tuple(candidate.tolist())
+            key = tuple(ids[begin : min(begin + limit, length)])
             if not key or key in seen:
                 continue  # a prefix of an earlier candidate adds nothing
             seen.update(key[:i] for i in range(1, len(key) + 1))
-            candidates.append(candidate.copy())
+            candidates.append(np.array(key, dtype=np.int64))
         return candidates
 
     def extend(self, tokens, n_new: int) -> None:
@@ -357,21 +358,24 @@ class PromptLookup(SharedState, Drafter):
         n_new = check_n_new(n_new, length)
         old = length - n_new
         request = self._request
-        if old == request.length and old > 0:
+        ids = request.ids
+        if old == len(ids) and old > 0:
             # The decoder's protocol: tokens[:old] is the indexed sequence.  Checking
             # its last tokens (O(max_ngram_size)) catches a skipped start().
             k = min(old, self.max_ngram_size)
-            if request.buffer[old - k : old].tolist() == tokens[old - k : old].tolist():
-                self._append(request, tokens[old:])
-                self._confirm(request, old, tokens[old:].tolist())
+            recent = tokens[old - k :].tolist()
+            if ids[old - k :] == recent[:k]:
+                appended = recent[k:]
+                self._append(request, appended)
+                self._confirm(request, old, appended)
                 return
         self._sync(request, tokens, None)
 
-    def _extended(self, buffer: np.ndarray, earlier: int, later: int, n: int) -> int:
+    def _extended(self, ids: list, earlier: int, later: int, n: int) -> int:
         """``n`` plus how many tokens before the two n-gram occurrences agree (capped)."""
         limit = self.EVIDENCE_LIMIT
         match = n
-        while match < limit and earlier > 0 and buffer[earlier - 1] == buffer[later - 1]:
+        while match < limit and earlier > 0 and ids[earlier - 1] == ids[later - 1]:
             match += 1
             earlier -= 1
             later -= 1
@@ -392,7 +396,7 @@ class PromptLookup(SharedState, Drafter):
         if (
             evidence < self.RESUMABLE_EVIDENCE
             or n < self.min_ngram_size
-            or request.buffer[source_end - n : source_end].tolist() != tail[len(tail) - n :]
+            or request.ids[source_end - n : source_end] != tail[len(tail) - n :]
         ):
             return None
         return source_end, n, evidence, run
@@ -425,7 +429,7 @@ class PromptLookup(SharedState, Drafter):
         if proposed is None or proposed[1] != old or not self.copy_window:
             return
         begin, _, evidence, run, resumed = proposed
-        source = request.buffer[begin : min(begin + len(appended), old)].tolist()
+        source = request.ids[begin : min(begin + len(appended), old)]
         taken = 0
         for copied, written in zip(source, appended, strict=False):
             if copied != written:
@@ -463,52 +467,43 @@ class PromptLookup(SharedState, Drafter):
         *tail* is ``tokens[-k:].tolist()`` for some k <= max_ngram_size, when the
         caller has it at hand.  Returns the request's state (a new one if re-indexed).
         """
-        length, indexed = tokens.shape[0], request.length
+        length, ids = tokens.shape[0], request.ids
+        indexed = len(ids)
         if length == indexed:
             if tail is None:
                 k = min(length, self.max_ngram_size)
                 tail = tokens[length - k :].tolist()
-            if request.buffer[length - len(tail) : length].tolist() == tail:
+            if ids[length - len(tail) :] == tail:
                 return request
-        elif indexed < length and np.array_equal(request.buffer[:indexed], tokens[:indexed]):
-            self._append(request, tokens[indexed:])
+        elif indexed < length and tokens[:indexed].tolist() == ids:
+            self._append(request, tokens[indexed:].tolist())
             return request
         fresh = self._request = _Request()
-        self._append(fresh, tokens)
+        self._append(fresh, tokens.tolist())
         return fresh
 
-    def _append(self, request: _Request, new: np.ndarray) -> None:
-        """Append *new* to the indexed sequence and index the n-grams it completes."""
-        old, count = request.length, new.shape[0]
-        if count == 0:
-            return
-        length = old + count
-        buffer = request.buffer
-        if length > buffer.shape[0]:
-            grown = np.zeros(max(length, 2 * buffer.shape[0]), dtype=np.int64)
-            grown[:old] = buffer[:old]
-            buffer = request.buffer = grown
-        buffer[old:length] = new
-        request.length = length
-        # The index covers n-grams ending at positions <= length - 2 (the n-grams
+    def _append(self, request: _Request, new: list) -> None:
+        """Append the ids *new* to the indexed sequence and index the n-grams they complete."""
+        ids = request.ids
+        old = len(ids)
+        ids.extend(new)
+        # The index covers n-grams ending at positions <= len(ids) - 2 (the n-grams
         # ending at the last token are the trailing ones, never matched against
-        # themselves).  Newly covered: those ending at old - 1 .. length - 2.
-        first, last = max(old - 1, 0), length - 2
+        # themselves).  Newly covered: those ending at old - 1 .. len(ids) - 2.
+        first, last = max(old - 1, 0), len(ids) - 2
         if last < first:
             return
         sizes = range(self.min_ngram_size, self.max_ngram_size + 1)
-        offset = max(first - self.max_ngram_size + 1, 0)
-        window = buffer[offset : last + 1].tolist()
         index, older = request.index, request.older
         # Increasing end positions: a later occurrence overwrites an earlier one, which
         # it links to.
         for end in range(first, last + 1):
-            stop = end + 1 - offset
+            stop = end + 1
             for n in sizes:
-                begin = end + 1 - n
+                begin = stop - n
                 if begin < 0:
                     break
-                key = tuple(window[begin - offset : stop])
+                key = tuple(ids[begin:stop])
                 previous = index.get(key)
                 index[key] = begin
                 if previous is not None:
