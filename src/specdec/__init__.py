@@ -29,7 +29,7 @@ from specdec._streaming import TextStream, TokenStream
 from specdec._tree import verify_tree
 from specdec.engine import BatchResult, verify, verify_batch
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"
 
 __all__ = [
     "BACKEND",
