@@ -30,7 +30,7 @@ State the load (``uptime``) with any number quoted; the script prints it before 
 
 Run::
 
-    PYTHONPATH=src /work/venv/bin/python bench/bench_batch.py --requests 200 --tokens 96
+    PYTHONPATH=src python bench/bench_batch.py --requests 200 --tokens 96
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ State the load (``uptime``) with any number quoted.
 
 Run::
 
-    PYTHONPATH=src /work/venv/bin/python bench/bench_multi_request.py --tokens 64
+    PYTHONPATH=src python bench/bench_multi_request.py --tokens 64
 """
 
 from __future__ import annotations
