@@ -152,6 +152,7 @@ LLAMA_KINDS = (
     "lookup-heuristic",
     "lookup-fixed",
     "lookup-tie",
+    "lookup-tol0",
     "lookup-nocopy",
     "lookup-kept",
     "sample-min2",
@@ -454,7 +455,8 @@ class Bench:
         if kind == "lookup-nocopy":  # every match on its own (no copy followed or resumed)
             return PromptLookup(copy_window=0)
         if kind in (
-            "lookup", "lookup-tree", "lookup-heuristic", "lookup-min2", "lookup-tie", "lookup-kept"
+            "lookup", "lookup-tree", "lookup-heuristic", "lookup-min2", "lookup-tie",
+            "lookup-tol0", "lookup-kept",
         ):  # fmt: skip
             return PromptLookup()
         if kind == "suffix":
@@ -481,6 +483,8 @@ class Bench:
             length = "fixed"
         elif kind == "lookup-tie":  # near ties, the shortest draft while cells are new
             length = PositionalDraftLength(tie_tolerance=0.06)
+        elif kind == "lookup-tol0":  # the best ratio itself, sampling too (before 6c1fdb1)
+            length = PositionalDraftLength(tie_tolerance=0.0)
         return specdec.SpeculativeDecoder(temperature=temperature, draft_length=length, **gamma)
 
     # -- prefill ----------------------------------------------------------------------------

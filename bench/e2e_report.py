@@ -29,6 +29,7 @@ KIND_LABELS = {
     "lookup-heuristic": "specdec + PromptLookup, HF heuristic length",
     "lookup-fixed": "specdec + PromptLookup, fixed length",
     "lookup-tie": "specdec + PromptLookup, tie_tolerance=0.06",
+    "lookup-tol0": "specdec + PromptLookup, tie_tolerance=0 (sampling too)",
     "lookup-nocopy": "specdec + PromptLookup, copy_window=0",
     "lookup-kept": "specdec + PromptLookup, one decoder kept for every request",
     "sample-min2": "specdec.sample, min_eval_tokens=2",
