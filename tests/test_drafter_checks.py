@@ -11,7 +11,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from specdec.drafters import NGram, PromptLookup
+from specdec.drafters import Chain, NGram, PromptLookup, SuffixDrafter
 
 # -- drafters: bounded options and ids (items 1 and 4) ----------------------------------------
 
@@ -69,3 +69,43 @@ def test_uint64_ids_beyond_int64_are_refused_by_name():
         NGram().fit([[1, 2, 3]]).propose(ids, 3)
     with pytest.raises(ValueError, match="prompt holds token id 9223372036854775808, beyond"):
         PromptLookup().start(ids)
+
+
+# -- the calls' own arguments, named -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: PromptLookup().propose([1, [2]], 3), TypeError, "tokens must be a sequence"),
+        (lambda: SuffixDrafter().propose([[1, 2], [3]], 3), TypeError, "tokens must be a seq"),
+        (lambda: NGram(3).fit([[1, [2, 3]]]), TypeError, r"token_sequences\[0\] must be a"),
+        (lambda: NGram(3).fit(5), TypeError, "token_sequences must be an iterable"),
+        (lambda: NGram(3).fit([5]), TypeError, r"token_sequences\[0\] is not a sequence"),
+        (lambda: Chain(PromptLookup()).propose(np.array([1, 2, 1]), -1), ValueError, "max_tok"),
+        (lambda: Chain(PromptLookup()).propose(np.array([1, 2, 1]), "3"), TypeError, "max_tok"),
+        (
+            lambda: Chain(PromptLookup()).propose_candidates(np.array([1, 2, 1]), -2, 3),
+            ValueError,
+            "max_tokens",
+        ),
+        (
+            lambda: Chain(PromptLookup()).propose_candidates(np.array([1, 2, 1]), 3, 0),
+            ValueError,
+            "max_candidates must be an int >= 1",
+        ),
+        (  # the default propose_candidates of Drafter
+            lambda: NGram(3).fit([[1, 2, 3, 1, 2, 3]]).propose_candidates(np.array([1, 2]), 3, -5),
+            ValueError,
+            "max_candidates must be an int >= 1",
+        ),
+        (
+            lambda: NGram(3).fit([[1, 2, 3]]).propose_candidates(np.array([1, 2]), 3, "two"),
+            TypeError,
+            "max_candidates",
+        ),
+    ],
+)
+def test_malformed_arguments_of_the_drafters_calls_are_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

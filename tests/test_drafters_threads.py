@@ -28,6 +28,7 @@ from specdec.drafters import (
     PromptLookup,
     SuffixDrafter,
 )
+from specdec.drafters.cost import CostCurve, CurveCheck
 
 THREADS = 8
 ROUNDS = 3
@@ -127,6 +128,36 @@ def test_shared_suffix_drafter_drafts_from_other_threads_outputs(backend):
     drafter.start(np.array(prompt))  # this thread: matches the other thread's output
     proposal = drafter.propose(np.array(prompt), 8)
     assert len(proposal) > 0 and drafter.last_tree == "global"
+
+
+class _MeasuredTarget:
+    """A target whose adapter measured its curve and keeps the check of its passes."""
+
+    def __init__(self):
+        self.cost_curve = [1.0, 1.2, 1.4]
+        self.cost_curve_measured = True
+        self.cost_check = CurveCheck()
+
+
+def test_a_shared_policy_corrects_each_threads_curve_by_its_own_targets_passes():
+    a, b = _MeasuredTarget(), _MeasuredTarget()
+    policy = PositionalDraftLength()
+    policy.start(4, CostCurve.of_model(a))
+    assert policy.cost(1) == 1.2
+    for _ in range(8):  # a's passes: a one-token draft costs 3 one-token passes, not 1.2
+        a.cost_check.record(1, 0.03)
+        for _ in range(9):  # six charged to the draft (its aftermath), then steady ones
+            a.cost_check.record(0, 0.01)
+    assert policy.cost(1) == pytest.approx(3.0)
+    seen = []
+    other = threading.Thread(
+        target=lambda: (policy.start(4, CostCurve.of_model(b)), seen.append(policy.cost(1)))
+    )
+    other.start()
+    other.join()
+    # b's thread uses b's check (nothing recorded: its curve as measured); this thread
+    # still a's (it used to take the check of whichever thread started last)
+    assert seen == [1.2] and policy.cost(1) == pytest.approx(3.0)
 
 
 def test_per_thread_state_is_each_threads_own():

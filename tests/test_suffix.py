@@ -172,6 +172,30 @@ def test_propose_without_start_and_after_a_different_sequence():
     assert drafter.propose(np.array([5, 6, 7, 5, 6, 7, 5]), 4).tolist() == [6, 7, 5]  # appended
 
 
+def test_a_sequence_other_than_the_started_one_is_not_cached_as_output():
+    drafter = SuffixDrafter(max_spec_factor=1.0)
+    drafter.start(np.array([1, 2, 3]))
+    drafter.propose(np.array([50, 60, 70, 80, 90, 100, 110]), 4)  # not the started request
+    drafter.start(np.array([9]))
+    assert drafter.cached_requests == 0 and drafter.cached_tokens == 0
+    assert drafter.propose(np.array([9, 80]), 4).tolist() == []
+
+
+@pytest.mark.parametrize("call", ["extend", "propose"])
+def test_negative_ids_are_refused_by_name_and_leave_the_sequence_as_it_was(call):
+    drafter = SuffixDrafter(max_spec_factor=1.0)
+    drafter.start(np.array([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"tokens holds a negative token id \(-7\)"):
+        if call == "extend":
+            drafter.extend(np.array([1, 2, 3, -7]), 1)
+        else:
+            drafter.propose(np.array([1, 2, 3, -7, 1, 2]), 4)
+    fresh = SuffixDrafter(max_spec_factor=1.0)
+    fresh.start(np.array([1, 2, 3]))
+    after = np.array([1, 2, 3, 1, 2])
+    assert drafter.propose(after, 4).tolist() == fresh.propose(after, 4).tolist() == [3, 1]
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [

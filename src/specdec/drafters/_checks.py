@@ -123,7 +123,13 @@ def as_sequence(tokens, name: str = "tokens") -> np.ndarray:
     Only the shape and the dtype are checked (O(1) for an array): this runs on every
     decoding step, and the decoder hands over ids it has already range-checked.
     """
-    array = tokens if type(tokens) is np.ndarray else np.asarray(tokens)
+    if type(tokens) is np.ndarray:
+        array = tokens
+    else:
+        try:
+            array = np.asarray(tokens)
+        except (TypeError, ValueError) as exc:  # ragged or nested: NumPy's message alone
+            raise TypeError(f"{name} must be a sequence of int token ids ({exc})") from None
     if array.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}")
     if array.dtype is not _INT64 and array.dtype != np.int64:

@@ -20,6 +20,8 @@ import abc
 
 import numpy as np
 
+from specdec.drafters._checks import check_int_option
+
 __all__ = ["Drafter"]
 
 
@@ -128,6 +130,7 @@ class Drafter(abc.ABC):
         list of numpy.ndarray of int64
             Non-empty proposals, best first; an empty list for no proposal.
         """
+        check_int_option("max_candidates", max_candidates, 1)
         proposal = self.propose(tokens, max_tokens)
         return [proposal] if len(proposal) else []
 

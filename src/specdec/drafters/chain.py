@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec.drafters._checks import check_candidates, check_proposal, empty_proposal
+from specdec.drafters._checks import (
+    check_candidates,
+    check_int_option,
+    check_max_tokens,
+    check_proposal,
+    empty_proposal,
+)
 from specdec.drafters._threads import PerThread, SharedState
 from specdec.drafters.base import Drafter
 
@@ -180,7 +186,7 @@ class Chain(SharedState, Drafter):
             A drafter's proposal is not 1-D int ids in range, or too long; the message
             names the drafter.
         """
-        if max_tokens > 0:
+        if check_max_tokens(max_tokens) > 0:
             for i, drafter in enumerate(self.drafters):
                 proposal = check_proposal(
                     drafter.propose(tokens, max_tokens), max_tokens, self._error_names[i]
@@ -209,14 +215,15 @@ class Chain(SharedState, Drafter):
         max_tokens : int
             The most tokens of each candidate (0: no drafter is asked).
         max_candidates : int
-            The most candidates.
+            The most candidates (>= 1).
 
         Returns
         -------
         list of numpy.ndarray of int64
             Non-empty proposals, best first (empty when no drafter has one).
         """
-        if max_tokens > 0:
+        max_candidates = check_int_option("max_candidates", max_candidates, 1)
+        if check_max_tokens(max_tokens) > 0:
             for i, drafter in enumerate(self.drafters):
                 candidates = check_candidates(
                     drafter.propose_candidates(tokens, max_tokens, max_candidates),

@@ -323,10 +323,17 @@ class NGram(Drafter):
             raise TypeError(
                 "token_sequences must be an iterable of sequences of int ids, not a string"
             )
+        try:
+            sequences = list(token_sequences)
+        except TypeError:
+            raise TypeError(
+                "token_sequences must be an iterable of sequences of int ids, got "
+                f"{type(token_sequences).__name__}"
+            ) from None
         checked = []
         # Check everything before counting anything: a bad sequence leaves no trace.
-        for i, sequence in enumerate(token_sequences):
-            if np.ndim(sequence) == 0:
+        for i, sequence in enumerate(sequences):
+            if np.isscalar(sequence) or (isinstance(sequence, np.ndarray) and sequence.ndim == 0):
                 raise TypeError(
                     f"token_sequences[{i}] is not a sequence of ids (got "
                     f"{type(sequence).__name__}); fit takes an iterable of "

@@ -195,8 +195,9 @@ class PositionalDraftLength(DraftLengthPolicy):
         self._cells: dict = {}  # (source, evidence, position) -> Tally
         self._offsets: dict = {}  # source -> log-odds offset of its priors
         self._idle: dict = {}  # (source, evidence) -> proposals since the last draft
-        self._own_check = CurveCheck()  # the curve against the timed passes...
-        self._check = self._own_check  # ... or the target adapter's (see start)
+        # the curve against the timed passes, unless the target adapter keeps its own
+        # check (the run's curve's ``check``: see _current_check)
+        self._own_check = CurveCheck()
         self.trees = TreeSelector()  # trees of candidates, and their alternatives' cells
 
     def start(self, max_tokens: int, target_cost=None) -> None:
@@ -211,9 +212,16 @@ class PositionalDraftLength(DraftLengthPolicy):
         """
         self._max = max_tokens
         self._cost = chosen_cost(self.target_cost, target_cost)
-        # an adapter's check serves every policy decoding with it: what earlier
-        # requests' passes showed is known from this request's first step
-        self._check = self._cost.check or self._own_check
+
+    def _current_check(self, cost: CostCurve) -> CurveCheck:
+        """The check of the calling thread's run, whose curve is ``cost``.
+
+        An adapter's check serves every policy decoding with it (what earlier requests'
+        passes showed is known from this request's first step); it is read from the
+        run's curve, as the curve itself is, so that threads decoding with different
+        targets each use their own.
+        """
+        return cost.check or self._own_check
 
     def _bucket(self, evidence: int) -> int:
         """The evidence bucket (its upper end) that ``evidence`` learns in."""
@@ -341,7 +349,8 @@ class PositionalDraftLength(DraftLengthPolicy):
 
     def _curve(self) -> CostCurve:
         """The run's cost curve, as corrected by the timed passes (see CurveCheck)."""
-        return self._check.curve(self._cost)
+        cost = self._cost
+        return self._current_check(cost).curve(cost)
 
     def pass_costs(self, n_max: int) -> tuple:
         """``(chain, tree)``: the cost of a step verifying 0..n_max drafts, with drafting's.
@@ -467,7 +476,7 @@ class PositionalDraftLength(DraftLengthPolicy):
         int
         """
         idle_key = self.cell_group(key)
-        if best_n == 0 and self.target_cost is None and self._check.probe():
+        if best_n == 0 and self.target_cost is None and self._current_check(self._cost).probe():
             return 1  # a pass of two tokens timed, to check the curve
         if best_n == 0:
             idle = self._idle.get(idle_key, 0) + 1
@@ -490,8 +499,8 @@ class PositionalDraftLength(DraftLengthPolicy):
             # a free observation: a key that gets them never needs a paid probe
             self._idle[self.cell_group(key)] = 0
         self.learn(key, outcomes, outcomes)
-        if self.target_cost is None and self._check is self._own_check:
-            self._check.record(drafted, target_seconds)  # an adapter's check times itself
+        if self.target_cost is None and self._cost.check is None:
+            self._own_check.record(drafted, target_seconds)  # an adapter's check times itself
 
     def learn(self, key, outcomes, offset_outcomes) -> None:
         """Record draft outcomes in ``key``'s cells, and teach its source's offset.

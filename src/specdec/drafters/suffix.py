@@ -261,6 +261,7 @@ class SuffixDrafter(SharedState, Drafter):
 
     def _restart(self, request: _Request, tokens: np.ndarray) -> None:
         """Index a new sequence in a fresh local tree; match it in the global tree."""
+        check_ids(tokens, "tokens", None)  # before the request is cleared
         request.clear()
         request.global_active = self._global.match(tokens[-self.max_depth :].tolist())
         request.version = self._version
@@ -282,6 +283,7 @@ class SuffixDrafter(SharedState, Drafter):
         request.local_active = active
 
     def _append(self, request: _Request, tokens: np.ndarray, match_global: bool = True) -> None:
+        check_ids(tokens, "tokens", None)  # extend() and propose() take unchecked sequences
         if request.length + tokens.shape[0] - request.indexed_from > self.max_indexed_tokens:
             # past the bound: the sequence is kept, the local tree re-indexes its tail
             request.push(tokens)
@@ -340,7 +342,9 @@ class SuffixDrafter(SharedState, Drafter):
         if indexed < length and np.array_equal(buffer[:indexed], tokens[:indexed]):
             self._append(request, tokens[indexed:])
             return
-        self._restart(request, tokens)  # not the request start() began: cache nothing of it
+        # not the request start() began: cache nothing of it
+        request.prompt_length = None
+        self._restart(request, tokens)
 
     # -- the Drafter interface --------------------------------------------------------
 
