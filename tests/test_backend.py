@@ -51,6 +51,20 @@ def test_kernels_for_names():
         kernels_for("fortran")
 
 
+@pytest.mark.parametrize("value", ["fortran", ["python"], {}, b"cython"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda value: specdec.SpeculativeDecoder(backend=value),
+        lambda value: specdec.sample(lambda ids: np.zeros((1, 1, 3)), [1], 2, backend=value),
+        lambda value: specdec.verify([], None, np.zeros((1, 3)), backend=value),
+    ],
+)
+def test_a_bad_backend_is_named_whatever_its_type(call, value):
+    with pytest.raises(ValueError, match="backend must be 'cython', 'python' or None, got"):
+        call(value)
+
+
 def test_decoder_reports_its_backend(backend):
     assert specdec.SpeculativeDecoder(backend=backend).backend == backend
 

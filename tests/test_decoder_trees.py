@@ -271,6 +271,34 @@ def test_a_selection_of_more_nodes_than_allowed_is_named(backend):
         decoder.generate(Branching(), target_model(), PROMPT, 8, rng=0)
 
 
+@pytest.mark.parametrize("width", [0, 2.5, "3"])
+def test_a_bad_tree_width_is_refused_before_the_decoder_forgets_anything(backend, width):
+    def histograms(decoder):
+        _, stats = decoder.generate(PromptLookup(), target_model(), PROMPT * 4, 40, rng=5)
+        return stats.draft_length_histogram, stats.accepted_length_histogram
+
+    kept = specdec.SpeculativeDecoder(temperature=0.0, backend=backend)
+    refused = specdec.SpeculativeDecoder(temperature=0.0, backend=backend)
+    first = histograms(kept)
+    assert histograms(refused) == first  # the same policy, learnt alike
+    bad = target_model()
+    bad.tree_width = width
+    with pytest.raises(ValueError, match="target_model.tree_width must be an int >= 1, got"):
+        refused.generate(SuffixDrafter(), bad, PROMPT * 4, 40, rng=5)  # another drafter
+    # what the refused call's decoder learnt is still there: both go on alike
+    assert histograms(refused) == histograms(kept)
+
+
+def test_a_sampled_tree_of_more_nodes_than_gamma_is_named(backend):
+    # A draft model's tree (gamma 2 deep, the target's width of siblings per depth)
+    # holds more nodes than gamma: the policy may select at most gamma of them.
+    decoder = specdec.SpeculativeDecoder(
+        2, draft_length=_Selects(lambda tree: np.ones(len(tree), bool)), backend=backend
+    )
+    with pytest.raises(ValueError, match=r"select_tree\(\) selected \d+ nodes, more than 2"):
+        decoder.generate(draft_model(), target_model(), PROMPT, 8, rng=0)
+
+
 # --- trees of a draft model's samples ----------------------------------------------------
 # With a draft model, a target that scores trees and random sampling, the decoder drafts
 # a chain and, at each depth, siblings drawn independently from the same draft row; the

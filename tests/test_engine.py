@@ -285,6 +285,13 @@ def test_empty_drafts_and_empty_batch(backend):
     result = verify_batch(
         np.zeros((4, 0), np.int64), None, target, [0] * 4, rngs=_seeds(4), backend=backend
     )
+    # no drafts given as empty draft rows (a view of 0 rows has strides of 0)
+    for empty_rows in (np.zeros((4, 0, 9)), rng.standard_normal((4, 3, 9))[:, :0]):
+        same = verify_batch(
+            np.zeros((4, 0), np.int64), empty_rows, target, [0] * 4, rngs=_seeds(4),
+            backend=backend,
+        )  # fmt: skip
+        assert all(np.array_equal(x, y) for x, y in zip(same, result, strict=True))
     assert result.n_accepted.tolist() == [0] * 4
     assert result.tokens.shape == (4, 1) and np.array_equal(result.tokens[:, 0], result.next_tokens)
     for b in range(4):

@@ -1212,10 +1212,12 @@ cdef const char *sequence_rows(object rows, str name, Py_ssize_t *stride,
     if typenum != cnp.NPY_FLOAT and typenum != cnp.NPY_DOUBLE or cnp.PyArray_NDIM(array) != 3:
         raise TypeError(f"{name} must be a 3-D float32 or float64 array")
     cdef Py_ssize_t itemsize = cnp.PyArray_ITEMSIZE(array)
-    if (not cnp.PyArray_ISNOTSWAPPED(array) or not cnp.PyArray_ISALIGNED(array)
-            or (cnp.PyArray_DIM(array, 2) > 1 and cnp.PyArray_STRIDE(array, 2) != itemsize)
-            or (cnp.PyArray_DIM(array, 1) > 1
-                and cnp.PyArray_STRIDE(array, 1) != cnp.PyArray_DIM(array, 2) * itemsize)):
+    # An empty array (no drafts: R = 0) has strides of 0 that say nothing; none is read.
+    cdef bint laid_out = cnp.PyArray_SIZE(array) == 0 or (
+        (cnp.PyArray_DIM(array, 2) <= 1 or cnp.PyArray_STRIDE(array, 2) == itemsize)
+        and (cnp.PyArray_DIM(array, 1) <= 1
+             or cnp.PyArray_STRIDE(array, 1) == cnp.PyArray_DIM(array, 2) * itemsize))
+    if not cnp.PyArray_ISNOTSWAPPED(array) or not cnp.PyArray_ISALIGNED(array) or not laid_out:
         raise ValueError(f"{name}: each sequence's rows must be C-contiguous, aligned, native")
     is32[0] = typenum == cnp.NPY_FLOAT
     stride[0] = cnp.PyArray_STRIDE(array, 0)

@@ -53,15 +53,16 @@ DEFAULT_TREE_WIDTH = 4
 SAMPLING_TIE_TOLERANCE = 0.06
 
 
-def _tree_width(target: ModelCaller, target_model, policy) -> int:
-    """The most candidates per tree of drafts: 0 (chains) unless all can do trees.
+def _target_tree_width(target: ModelCaller, target_model) -> int:
+    """The most candidates per tree of drafts the target takes: 0 (chains) if it takes none.
 
     Trees need a target that scores a tree in one call (``forward_tree``) and a policy
     that chooses among nodes (``select_tree``); their candidates come from the drafters
     (several continuations) or the draft model (siblings drawn from its laws, when
     sampling); a target's ``tree_width`` bounds the width (the nodes per depth).
+    Checked with the other arguments, before the decoder changes anything.
     """
-    if not (target.scores_trees and hasattr(policy, "select_tree")):
+    if not target.scores_trees:
         return 0
     width = getattr(target_model, "tree_width", DEFAULT_TREE_WIDTH)
     if not is_int(width) or width < 1:
@@ -444,6 +445,8 @@ class SpeculativeDecoder:
         max_tokens = self._max_tokens(chain)
         model_max_tokens = DEFAULT_GAMMA if self._gamma is None else self._gamma
         controls = SamplingControls.from_user(**self._controls_values)
+        target_width = _target_tree_width(target, target_model)
+        # the last check passed: the decoder's own policy may be replaced now
         policy = self._policy(chain, sampling=controls.temperature > 0.0)
         plan = Plan(
             verifier=self._verifier,
@@ -452,7 +455,7 @@ class SpeculativeDecoder:
             max_tokens=max_tokens,
             model_max_tokens=model_max_tokens,
             policy=policy,
-            tree_width=_tree_width(target, target_model, policy),
+            tree_width=target_width if hasattr(policy, "select_tree") else 0,
         )
         plan.policy.start(max_tokens, CostCurve.of_model(target_model))
 

@@ -304,7 +304,7 @@ def _sampled_levels(policy, key, offered: int, plan: Plan) -> list | None:
     if plan.tree_width < 2 or plan.controls.temperature == 0.0 or offered == 0:
         return None
     shape = DraftTree.sampled_shape(offered, plan.tree_width)
-    return nodes_per_depth(shape, _selection(policy, key, shape, len(shape)))
+    return nodes_per_depth(shape, _selection(policy, key, shape, plan.max_tokens))
 
 
 def _cut_after(candidate: np.ndarray, eos: int) -> np.ndarray:

@@ -308,6 +308,8 @@ _verifiers: dict = {}
 
 def verifier_for(backend: str | None) -> Verifier:
     """The process's :class:`Verifier` of ``backend`` (None: the default backend)."""
+    if backend is not None and type(backend) is not str:
+        kernels_for(backend)  # refused by name (an unhashable value must not reach the dict)
     verifier = _verifiers.get(backend)
     if verifier is None:
         verifier = Verifier(backend)
