@@ -560,6 +560,13 @@ def test_generate_rng_int_and_generator(backend):
     assert _run(backend, seed=99, rng=21)[0] == by_int[0]
 
 
+@pytest.mark.parametrize("seed, error", [(-1, ValueError), ("7", TypeError), (1.5, TypeError)])
+def test_sample_refuses_a_bad_seed_even_when_rng_wins(backend, seed, error):
+    model = ContextModel(40, seed=6, scale=0.7)
+    with pytest.raises(error, match="seed must be a"):
+        sample(model, [1, 2], 5, seed=seed, rng=3, backend=backend)
+
+
 def test_np_random_seed_reproduces(backend, global_numpy_state):
     np.random.seed(1234)
     a = _run(backend)

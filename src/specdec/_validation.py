@@ -132,6 +132,8 @@ def make_rng(rng, seed=None) -> np.random.Generator:
     did with the reference loop.
     """
     if rng is not None:
+        if seed is not None:
+            as_generator(seed, "seed")  # unused, but a bad one is still an error
         return as_generator(rng, "rng")
     if seed is not None:
         return as_generator(seed, "seed")
