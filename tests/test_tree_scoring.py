@@ -153,6 +153,51 @@ def test_llama_tree_wider_than_tree_width_is_scored_by_branches(smol_pair):
         np.testing.assert_allclose(rows[i + 1], fresh, atol=LLAMA_TOL, rtol=0)
 
 
+def test_llama_a_tree_near_the_end_of_the_context_is_scored_by_branches(smol_pair):
+    target, judge = smol_pair
+    if not hasattr(target, "forward_tree"):
+        pytest.skip("the one-pass adapter only")
+    prefix = np.random.default_rng(2).integers(100, 1000, 253).tolist()
+    tokens, parents = np.array([20, 21, 22, 23]), np.full(4, -1)  # each branch fits n_ctx 256
+    target.forward(np.array([prefix]), logits_to_keep=1)  # the prefix cached, as in decoding
+    rows = score_tree(target, prefix, tokens, parents)  # all at once does not: it raised
+    for i in range(4):
+        judge.reset()
+        fresh = judge.forward(np.array([prefix + [20 + i]]), logits_to_keep=1)[0, -1]
+        np.testing.assert_allclose(rows[i + 1], fresh, atol=LLAMA_TOL, rtol=0)
+
+
+def test_a_tree_model_and_a_plain_model_share_one_llama(smol_pair):
+    # The tree adapter evaluates in a context of its own; the Llama object's record of
+    # llama.ctx belongs to the plain adapter on the same Llama (it used to be
+    # overwritten by the tree adapter's, and the plain one read logits of a cache that
+    # was never filled).
+    llama_cpp = require_module("llama_cpp")
+    from specdec.models import LlamaCppModel
+    from specdec.models._llama_tree import LlamaCppTreeModel
+
+    target, judge = smol_pair
+    if not hasattr(target, "forward_tree"):
+        pytest.skip("the one-pass adapter only")
+    llama = llama_cpp.Llama(str(require_smollm2()), logits_all=True, **LLAMA_KW)
+    tree = LlamaCppTreeModel(llama, tree_width=4, min_eval_tokens=2, cost_curve=[1.0, 2.0])
+    plain = LlamaCppModel(llama, min_eval_tokens=2, cost_curve=[1.0, 2.0])
+    prefix = tree.tokenize("The capital of France is Paris. The capital of Germany")
+    longer = prefix + [314, 11452, 284]
+
+    def fresh(seq, rows):
+        judge.reset()
+        return judge.forward(np.array([seq]), logits_to_keep=rows)[0]
+
+    tree.forward(np.array([prefix]))
+    after_tree = plain.forward(np.array([longer]), logits_to_keep=3)[0]
+    np.testing.assert_allclose(after_tree, fresh(longer, 3), atol=LLAMA_TOL, rtol=0)
+    plain.forward(np.array([prefix]))
+    rows = tree.forward_tree(longer, np.array([11, 12]), np.array([-1, 0]))
+    np.testing.assert_allclose(rows[0], fresh(longer, 1)[0], atol=LLAMA_TOL, rtol=0)
+    np.testing.assert_allclose(rows[2], fresh(longer + [11, 12], 1)[0], atol=LLAMA_TOL, rtol=0)
+
+
 class _DecodeInterrupted:
     """``llama_cpp`` with Ctrl-C landing as ``llama_decode`` returns (cached, not recorded)."""
 
@@ -329,3 +374,54 @@ def test_transformers_sampled_trees_of_a_draft_model_score_as_fresh_models(tiny_
     fresh, fresh_trees = run(Fresh())
     assert trees > 0 and trees == fresh_trees
     assert one_pass == fresh
+
+
+@pytest.fixture(scope="module")
+def tiny_sliding_window_model():
+    """A tiny Mistral whose layers attend within a window of 8 tokens."""
+    torch = require_module("torch")
+    transformers = require_module("transformers")
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        sliding_window=8,
+    )
+    return transformers.MistralForCausalLM(config).float()
+
+
+@pytest.mark.parametrize("prefix_length", [5, 20])
+def test_a_sliding_window_models_tree_rows_equal_each_branch(
+    tiny_sliding_window_model, prefix_length
+):
+    from specdec.models import TransformersModel
+
+    target = TransformersModel(tiny_sliding_window_model, cost_curve=[1.0, 2.0])
+    judge = TransformersModel(tiny_sliding_window_model, cost_curve=[1.0, 2.0])
+    prefix = np.random.default_rng(0).integers(0, 97, prefix_length).tolist()
+    tokens, parents = np.arange(1, 7), np.arange(-1, 5)  # a chain of 6 past the window
+    rows = target.forward_tree(prefix, tokens, parents)  # wrong rows, or a crash, before
+    np.testing.assert_allclose(
+        rows, score_tree_by_branches(judge, prefix, tokens, parents), atol=TF_TOL, rtol=0
+    )
+
+
+def test_a_sliding_window_cache_that_refuses_a_rollback_starts_over(tiny_sliding_window_model):
+    from specdec.models import TransformersModel
+
+    target = TransformersModel(tiny_sliding_window_model, cost_curve=[1.0, 2.0])
+    judge = TransformersModel(tiny_sliding_window_model, cost_curve=[1.0, 2.0])
+    sequence = np.random.default_rng(1).integers(0, 97, (1, 21))
+    target.forward(sequence[:, :20], logits_to_keep=1)
+    target.forward(sequence, logits_to_keep=1)  # the window's cache is full
+    edited = sequence.copy()
+    edited[0, -2:] = [7, 9]  # a rollback of two tokens: the cache cannot be cut there
+    for _ in range(2):  # and the next call works too (it raised again and again)
+        rows = target.forward(edited, logits_to_keep=2)
+        judge.reset()
+        np.testing.assert_allclose(rows, judge.forward(edited, 2), atol=TF_TOL, rtol=0)

@@ -78,7 +78,10 @@ class LlamaCppTreeModel(LlamaCppModel):
         capacity = int(llama.n_batch)
         self._tree_batch = lib.llama_batch_init(capacity, 0, self.tree_width)
         self._tree_batch_finalizer = weakref.finalize(self, lib.llama_batch_free, self._tree_batch)
-        llama.n_tokens = 0  # the new context's cache is empty
+        # The record of what this context's cache holds: its own, since the Llama
+        # object's (input_ids, n_tokens) records llama.ctx, which another adapter on
+        # the same Llama may be using.
+        self._record = _CacheRecord(len(llama.input_ids))
 
     @property
     def _context(self) -> Any:
@@ -119,7 +122,11 @@ class LlamaCppTreeModel(LlamaCppModel):
         self._roll_back(min(n_common, length - 1))
         start = int(self._cached_ids().shape[0])
         total = length - start + n
-        if len(leaves) > self.tree_width or total > self._tree_batch_capacity():
+        if (
+            len(leaves) > self.tree_width
+            or total > self._tree_batch_capacity()
+            or length + n > self._n_ctx  # the branches share the n_ctx cells (kv_unified)
+        ):
             return score_tree_by_branches(self, prefix, tokens, par)
         if not self._first_use_done:
             self._first_use_done = True
@@ -159,12 +166,12 @@ class LlamaCppTreeModel(LlamaCppModel):
             # each right after the decode).
             rows = self._batch.logits(ctx, n + 1, self.vocab_size).copy()
             lib.llama_memory_seq_keep(mem, 0)
-            # The Llama object's record: the prefix, then the kept branch (see LlamaCppModel).
-            llama = self.llama
+            # The record: the prefix, then the kept branch (see LlamaCppModel).
+            record = self._record
             kept = paths[first]
-            llama.input_ids[start:length] = prefix[start:]
-            llama.input_ids[length : length + len(kept)] = tokens[kept]
-            llama.n_tokens = length + len(kept)
+            record.input_ids[start:length] = prefix[start:]
+            record.input_ids[length : length + len(kept)] = tokens[kept]
+            record.n_tokens = length + len(kept)
         except BaseException:
             # Ctrl-C lands as llama_decode returns, before the record: drop the entries
             # the record does not hold (see LlamaCppModel._evaluate).
@@ -176,3 +183,17 @@ class LlamaCppTreeModel(LlamaCppModel):
 
     def _tree_batch_capacity(self) -> int:
         return int(self.llama.n_batch)
+
+
+class _CacheRecord:
+    """The tokens a context's cache holds, as ``llama_cpp.Llama`` records its own."""
+
+    __slots__ = ("input_ids", "n_tokens")
+
+    def __init__(self, n_ctx: int) -> None:
+        self.input_ids = np.zeros(n_ctx, dtype=np.intc)
+        self.n_tokens = 0
+
+    def reset(self) -> None:
+        """Record an empty cache."""
+        self.n_tokens = 0

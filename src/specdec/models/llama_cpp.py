@@ -205,6 +205,10 @@ class LlamaCppModel(PrefixCachedModel):
                 "logits of every evaluated position are kept"
             )
         self.llama = llama
+        # What the cache of the context evaluated in (_context) holds: the Llama
+        # object's own record of llama.ctx (see Notes); a subclass evaluating in a
+        # context of its own keeps its own record.
+        self._record: Any = llama
         self.vocab_size = int(llama.n_vocab())
         # llama.cpp pads the context it allocates (n_ctx=100 gives 256), but the
         # Python object's token and score buffers have the size asked for: the
@@ -241,7 +245,8 @@ class LlamaCppModel(PrefixCachedModel):
 
     def _cached_ids(self) -> np.ndarray:
         # The Llama object's own record, not a copy: see Notes.
-        return self.llama.input_ids[: self.llama.n_tokens]
+        record = self._record
+        return record.input_ids[: record.n_tokens]
 
     def _check_fits(self, length: int) -> None:
         if length > self._n_ctx:
@@ -330,7 +335,7 @@ class LlamaCppModel(PrefixCachedModel):
             return False
         # Computed from these very tokens? (Another user of the Llama may have
         # rewritten the cache since.)
-        return bool(np.array_equal(self._kept_tokens[:end], self.llama.input_ids[:end]))
+        return bool(np.array_equal(self._kept_tokens[:end], self._record.input_ids[:end]))
 
     def _remove_from_cache(self, start: int) -> bool:
         """Remove KV-cache entries at positions ``>= start``; ``False`` if impossible.
@@ -361,28 +366,28 @@ class LlamaCppModel(PrefixCachedModel):
 
     def _roll_back(self, n_keep: int) -> None:
         """Make the cache hold only its first ``n_keep`` tokens."""
-        llama = self.llama
-        if n_keep >= llama.n_tokens:
+        record = self._record
+        if n_keep >= record.n_tokens:
             return
         if n_keep > 0 and self._remove_from_cache(n_keep):
-            llama.n_tokens = n_keep
+            record.n_tokens = n_keep
             return
         # Empty the cache completely: either that was asked for, or the model
         # cannot drop part of a sequence and must start over.
-        llama.reset()
+        record.reset()
         self._remove_from_cache(0)
 
     def _drop_unrecorded(self) -> None:
         """Remove cache entries past the record (``n_tokens``), or empty the cache."""
-        llama = self.llama
-        if not self._remove_from_cache(int(llama.n_tokens)):
-            llama.reset()
+        record = self._record
+        if not self._remove_from_cache(int(record.n_tokens)):
+            record.reset()
             self._remove_from_cache(0)
 
     # -- public API --------------------------------------------------------
 
     def _evaluate(self, seq: np.ndarray, start: int, n_rows: int) -> np.ndarray:
-        llama = self.llama
+        record = self._record
         length = seq.shape[0]
         first_row = length - n_rows
         rows = np.empty((n_rows, self.vocab_size), dtype=np.float32)
@@ -401,8 +406,8 @@ class LlamaCppModel(PrefixCachedModel):
                         ctx, tokens[begin - start : end - start], begin, first_output - begin
                     )
                     # Keep the Llama object's record of its cache right (see Notes).
-                    llama.input_ids[begin:end] = tokens[begin - start : end - start]
-                    llama.n_tokens = end
+                    record.input_ids[begin:end] = tokens[begin - start : end - start]
+                    record.n_tokens = end
                 except BaseException:
                     # Ctrl-C lands as llama_decode returns, before the record: the
                     # cache then holds positions the record does not, which the next

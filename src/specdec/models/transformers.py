@@ -16,7 +16,7 @@ from specdec._cores import check_threads
 from specdec.models._cached import PrefixCachedModel, common_prefix_length
 from specdec.models._optional import import_optional
 from specdec.models._text import check_messages, encode_chat_ids, end_of_turn_id
-from specdec.models._tree_scoring import tree_arguments
+from specdec.models._tree_scoring import score_tree_by_branches, tree_arguments
 
 __all__ = ["TransformersModel"]
 
@@ -153,6 +153,7 @@ class TransformersModel(PrefixCachedModel):
             self.vocab_size = int(self.model.config.vocab_size)
         self._tokens = np.zeros(0, dtype=np.int64)
         self._cache: Any = None
+        self._attention_window = _attention_window(self.model.config)
 
     # -- cache bookkeeping -------------------------------------------------
 
@@ -191,7 +192,12 @@ class TransformersModel(PrefixCachedModel):
             # transformers version that has ``crop`` (a positive one means
             # "keep this many" in 4.x but is rejected by 5.x); never pass 0,
             # which empties the cache in 4.x.
-            cache.crop(n_keep - n_cached)
+            try:
+                cache.crop(n_keep - n_cached)
+            except (RuntimeError, ValueError):
+                # a sliding window's layer says it can be cropped but refuses once
+                # the window is full: start over (some layers may be cut already)
+                return None
             return cache
         if isinstance(cache, (tuple, list)):
             # Legacy format: per layer a (key, value) pair of tensors shaped
@@ -284,6 +290,10 @@ class TransformersModel(PrefixCachedModel):
         depth = np.array([len(path) for path in paths], dtype=np.int64)
         length = prefix.shape[0]
         self._check_fits(length + int(depth.max()))
+        if length + int(depth.max()) > self._attention_window:
+            # the tree's 4-D mask would let a node see past a sliding window (and
+            # a window's cache holds fewer positions than the mask): branch by branch
+            return score_tree_by_branches(self, prefix, tokens, par)
         if not self._first_use_done:
             self._first_use_done = True
             self._first_use()
@@ -517,3 +527,19 @@ class TransformersModel(PrefixCachedModel):
             )
         eos = self.eos_token_id
         return list(dict.fromkeys(t for t in (eot, eos) if t is not None))
+
+
+def _attention_window(config: Any) -> float:
+    """The longest sequence whose every token attends to all before it (inf: any).
+
+    A model with sliding-window layers (Mistral, Gemma 2 and 3, ...) attends within
+    its window only, which a tree pass's 4-D mask does not express.
+    """
+    layer_types = getattr(config, "layer_types", None) or ()
+    sliding = any("sliding" in str(kind) for kind in layer_types)
+    window = getattr(config, "sliding_window", None)
+    if window is None:
+        return 0 if sliding else float("inf")
+    if not sliding and getattr(config, "use_sliding_window", True) is False:
+        return float("inf")  # Qwen2 and others: a window configured but not used
+    return int(window)
