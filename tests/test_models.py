@@ -377,6 +377,11 @@ def test_transformers_rejects_bad_input(tiny_lms):
         adapter.forward(np.array([[1, 2, 3]]), logits_to_keep=0)
     with pytest.raises(TypeError):
         adapter.forward(np.array([[1.0, 2.0]]))
+    with pytest.raises(TypeError, match="logits_to_keep must be an int"):
+        adapter.forward(np.array([[1, 2, 3]]), logits_to_keep=2.7)
+    for bad in (TF_VOCAB, -1):  # torch's IndexError, and the cache dropped, before
+        with pytest.raises(ValueError, match=f"ids holds token id {bad}, outside"):
+            adapter.forward(np.array([[1, 2, bad]]))
 
 
 def test_transformers_text_with_a_tokenizer(tiny_lms):
@@ -548,6 +553,17 @@ def batch_invariant_build(smollm2, smol_prompt, smol_fresh):
             f'-DGGML_LLAMAFILE=OFF" pip install --no-cache-dir --force-reinstall --no-deps '
             f"llama-cpp-python (see the README)"
         )
+
+
+@pytest.mark.parametrize("bad", [SMOL_VOCAB, -5, 2**32 + 5])
+def test_llama_refuses_token_ids_out_of_range_by_name(smol_target, smol_prompt, bad):
+    # detokenize ended the process (C++ std::out_of_range); forward wrapped 2**32 + 5 to
+    # 5 silently, or llama_decode failed
+    with pytest.raises(ValueError, match=rf"ids holds token id {bad}, outside \[0, vocab_size\)"):
+        smol_target.detokenize([5, bad])
+    with pytest.raises(ValueError, match=rf"ids holds token id {bad}, outside \[0, vocab_size\)"):
+        smol_target.forward(np.array([smol_prompt + [bad]]), logits_to_keep=1)
+    smol_target.forward(np.array([smol_prompt]), logits_to_keep=1)  # the adapter still works
 
 
 def test_llama_adapter_basics(smollm2, smol_target, smol_prompt):

@@ -574,3 +574,19 @@ def test_good_stop_ids_of_any_int_type_stop_the_text(backend):
     for stop_ids in ([np.int64(stop)], (stop, 2**63 - 1), {stop}, np.array([stop])):
         stream = _stream(backend, _text_of, stop_ids)
         assert stream.read() == "héllo" and stream.stopped
+
+
+@pytest.mark.parametrize("new", [[V], [3, -1], [2**32 + 3], [1, 2, V + 7]])
+def test_the_prefix_cache_refuses_ids_out_of_range_before_evaluating(new):
+    model = CachedToyModel()
+    model.forward(np.array([PROMPT]), logits_to_keep=1)
+    calls, cached = model.n_forward_calls, model.cached_tokens
+    with pytest.raises(ValueError, match=r"ids holds token id -?\d+, outside \[0, vocab_size\)"):
+        model.forward(np.array([PROMPT + new]), logits_to_keep=1)
+    assert model.n_forward_calls == calls and model.cached_tokens.tolist() == cached.tolist()
+
+
+@pytest.mark.parametrize("rows", [1.0, "1", True])
+def test_the_prefix_cache_takes_an_int_logits_to_keep(rows):
+    with pytest.raises(TypeError, match="logits_to_keep must be an int"):
+        CachedToyModel().forward(np.array([PROMPT]), logits_to_keep=rows)

@@ -66,6 +66,31 @@ def test_malformed_trees_are_refused(tokens, parents, match):
         score_tree_by_branches(ContextModel(), [1], np.array(tokens), np.array(parents))
 
 
+@pytest.mark.parametrize(
+    ("prefix", "error", "match"),
+    [
+        (np.array([[1, 2, 3], [4, 5, 6]]), ValueError, r"shape \(L,\) or \(1, L\)"),
+        ([1.9, 2.5, 3.2], TypeError, "prefix_ids must be integers"),
+        ([True, False], TypeError, "prefix_ids must be integers"),
+        ([], ValueError, "at least one token"),
+    ],
+)
+def test_a_malformed_prefix_is_refused(prefix, error, match):
+    # the first three were scored as a 6-token prefix, [1, 2, 3] and [1, 0]
+    with pytest.raises(error, match=match):
+        score_tree(ContextModel(), prefix, np.array([1]), np.array([-1]))
+
+
+def test_an_adapters_tree_ids_must_lie_in_its_vocabulary():
+    from specdec.models._tree_scoring import tree_arguments
+
+    tree_arguments([1, 2], [3], [-1], vocab_size=5)
+    with pytest.raises(ValueError, match=r"prefix_ids holds token id 5, outside \[0, vocab"):
+        tree_arguments([1, 5], [3], [-1], vocab_size=5)
+    with pytest.raises(ValueError, match=r"token_ids holds token id -2, outside \[0, vocab"):
+        tree_arguments([1, 2], [3, -2], [-1, 0], vocab_size=5)
+
+
 # -- a real adapter: SmolLM2 through llama.cpp (skipped where absent) ---------------------
 
 LLAMA_KW = dict(n_ctx=256, n_threads=2, seed=0, verbose=False)

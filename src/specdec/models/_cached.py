@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from specdec._validation import is_int
 from specdec.drafters.cost import CurveCheck
 from specdec.models import _calibration
 
@@ -45,10 +46,28 @@ def _as_sequence(ids: Any) -> np.ndarray:
     return arr[0].astype(np.int64, copy=False)
 
 
+def _check_new_ids(seq: np.ndarray, start: int, vocab_size: int) -> None:
+    """Refuse an id of ``seq[start:]`` outside ``[0, vocab_size)`` (one or more of them)."""
+    if start == seq.shape[0] - 1:  # a plain step's one new token: no NumPy reduction
+        low = high = int(seq[start])
+    else:
+        new = seq[start:]
+        low, high = int(new.min()), int(new.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"ids holds token id {low if low < 0 else high}, outside [0, vocab_size) = "
+            f"[0, {vocab_size})"
+        )
+
+
 def _rows_wanted(logits_to_keep: int | None, length: int) -> int:
     """Number of logit rows to return: all ``length`` rows when ``None``."""
     if logits_to_keep is None:
         return length
+    if not is_int(logits_to_keep):
+        raise TypeError(
+            f"logits_to_keep must be an int, got {type(logits_to_keep).__name__} {logits_to_keep!r}"
+        )
     n = int(logits_to_keep)
     if not 1 <= n <= length:
         raise ValueError(
@@ -296,9 +315,13 @@ class PrefixCachedModel(abc.ABC):
         if not self._first_use_done:
             self._first_use_done = True
             self._first_use()
-        self.n_forward_calls += 1
         began = time.perf_counter()
         n_common = common_prefix_length(seq, self._cached_ids())
+        # The ids to evaluate, in range (the cached ones were when they were evaluated):
+        # an adapter's own cast would wrap one past int32, a model index past its table.
+        if n_common < length:
+            _check_new_ids(seq, n_common, self.vocab_size)
+        self.n_forward_calls += 1
         self._roll_back(self._first_to_evaluate(n_common, length, n_rows))
         start = int(self._cached_ids().shape[0])  # 0 if the cache had to start over
         result = self._evaluate(seq, start, n_rows)

@@ -51,17 +51,30 @@ def check_tree(token_ids: Any, parents: Any) -> tuple[np.ndarray, np.ndarray]:
     return tokens, par
 
 
-def tree_arguments(prefix_ids: Any, token_ids: Any, parents: Any):
+def tree_arguments(prefix_ids: Any, token_ids: Any, parents: Any, vocab_size: int | None = None):
     """The checked arguments of a tree scoring: ``(prefix, tokens, parents, paths)``.
 
     ``prefix`` is the 1-D int64 sequence before the tree (at least one token), ``tokens``
     and ``parents`` as :func:`check_tree` returns them, ``paths`` each node's path
-    (:func:`node_paths`).
+    (:func:`node_paths`).  With ``vocab_size``, every id must lie in ``[0, vocab_size)``
+    (an adapter that writes them into its own batch checks them here).
     """
     tokens, par = check_tree(token_ids, parents)
-    prefix = np.asarray(prefix_ids).reshape(-1).astype(np.int64, copy=False)
+    prefix = np.asarray(prefix_ids)
+    if not (prefix.ndim == 1 or (prefix.ndim == 2 and prefix.shape[0] == 1)):
+        raise ValueError(f"prefix_ids must have shape (L,) or (1, L), got {prefix.shape}")
     if prefix.size == 0:
         raise ValueError("prefix_ids must contain at least one token")
+    if prefix.dtype.kind not in "iu":
+        raise TypeError(f"prefix_ids must be integers, got dtype {prefix.dtype}")
+    prefix = prefix.reshape(-1).astype(np.int64, copy=False)
+    if vocab_size is not None:
+        for name, ids in (("prefix_ids", prefix), ("token_ids", tokens)):
+            if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+                bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+                raise ValueError(
+                    f"{name} holds token id {bad}, outside [0, vocab_size) = [0, {vocab_size})"
+                )
     return prefix, tokens, par, node_paths(par)
 
 

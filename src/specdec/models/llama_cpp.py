@@ -456,12 +456,25 @@ class LlamaCppModel(PrefixCachedModel):
         Parameters
         ----------
         ids : iterable of int
+            In ``[0, vocab_size)``.
 
         Returns
         -------
         str
+
+        Raises
+        ------
+        ValueError
+            If an id is out of range (llama.cpp would end the process).
         """
-        return self.llama.detokenize([int(t) for t in ids]).decode("utf-8", errors="replace")
+        tokens = [int(t) for t in ids]
+        vocab_size = self.vocab_size
+        for t in tokens:
+            if not 0 <= t < vocab_size:
+                raise ValueError(
+                    f"ids holds token id {t}, outside [0, vocab_size) = [0, {vocab_size})"
+                )
+        return self.llama.detokenize(tokens).decode("utf-8", errors="replace")
 
     @property
     def eos_token_id(self) -> int:

@@ -283,7 +283,7 @@ class TransformersModel(PrefixCachedModel):
         numpy.ndarray
             float32 ``(N + 1, V)``: row 0 after the prefix, row ``i + 1`` after node ``i``.
         """
-        prefix, tokens, par, paths = tree_arguments(prefix_ids, token_ids, parents)
+        prefix, tokens, par, paths = tree_arguments(prefix_ids, token_ids, parents, self.vocab_size)
         n = tokens.shape[0]
         if n == 0:
             return self.forward(prefix[None, :], logits_to_keep=1)[0]
