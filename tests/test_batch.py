@@ -195,6 +195,40 @@ def test_a_bad_line_is_its_own_400_record_and_the_others_go_on(tmp_path, case):
     assert {r["custom_id"] for r in records if r not in bad} == {"ok", "ok2"}
 
 
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ('{"seed": ' + "9" * 5000 + "}", "4300"),
+    ],
+)
+def test_a_line_past_the_json_parsers_limits_is_its_own_400_record(tmp_path, line, reason):
+    # json.loads raised RecursionError / ValueError, not JSONDecodeError: the run stopped
+    summary, records = _run(tmp_path, [GOOD, line])
+    assert (summary.written, summary.failed) == (2, 1)
+    (bad,) = [r for r in records if r["response"]["status_code"] == 400]
+    text = bad["response"]["body"]["error"]["message"]
+    assert text.startswith("line 2: not JSON (") and reason in text, text
+
+
+def test_a_custom_id_that_reads_like_a_bad_lines_key_is_served(tmp_path):
+    # a bad line 1 without an id is remembered as line-1; so was the request "line-1",
+    # which was then never served (and counted as done)
+    requests = ["not json", {**GOOD, "custom_id": "line-1"}]
+    summary, records = _run(tmp_path, requests)
+    assert (summary.written, summary.failed) == (2, 1)
+    assert sorted(r["response"]["status_code"] for r in records) == [200, 400]
+    summary, _ = _run(tmp_path, requests)  # resumed: both are done
+    assert (summary.skipped, summary.written) == (2, 0)
+    assert [r["response"]["status_code"] for r in run_requests(requests, TOY)] == [400, 200]
+
+
+def test_max_completion_tokens_null_falls_back_to_max_tokens(tmp_path):
+    body = {"prompt": "def f(", "max_completion_tokens": None, "max_tokens": 3}
+    _, (record,) = _run(tmp_path, [{**GOOD, "body": body}], options=BatchOptions(max_tokens=8))
+    assert record["response"]["body"]["usage"]["completion_tokens"] == 3
+
+
 def test_the_cli_exit_status_says_some_failed(tmp_path, capsys):
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_jsonl(source, [GOOD, BAD_LINES["unknown url"][0]])
@@ -263,6 +297,20 @@ def test_an_output_that_is_not_a_batch_output_is_refused(tmp_path):
     assert output.read_text() == '{"a": 1}\n'  # left as it was
     with pytest.raises(ValueError, match="is the input"):
         run_batch(source, source, TOY)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["important notes line 1\nimportant line 2 no newline", "a precious single line"],
+)
+def test_a_file_that_is_not_a_batch_output_keeps_its_last_line(tmp_path, text):
+    # its last line, without a newline, was cut as a "torn record" before the check
+    source, output = tmp_path / "in.jsonl", tmp_path / "notes.txt"
+    write_jsonl(source, [GOOD])
+    output.write_text(text)
+    with pytest.raises(ValueError, match="is not a batch output record"):
+        run_batch(source, output, TOY)
+    assert output.read_text() == text
 
 
 KILLED_RUN = """
@@ -388,3 +436,18 @@ def test_openai_fields_at_their_neutral_value_are_accepted():
     (record,) = run_requests([{"custom_id": "a", "url": "/v1/completions", "body": body}], TOY)
     message = record["response"]["body"]["error"]["message"]
     assert "body.presence_penalty is not supported" in message
+
+
+def test_llama_workers_exit_without_tracebacks(smollm2_installed, tmp_path):
+    # Each worker kept its Llama objects until the interpreter's teardown, where
+    # llama-cpp-python's Llama.__del__ no longer found its library: a traceback per worker.
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    body = {"prompt": "One, two,", "max_tokens": 4}
+    write_jsonl(source, [{**GOOD, "custom_id": f"r{i}", "body": body} for i in range(2)])
+    argv = ["batch", str(source), "-o", str(output), "--workers", "2", "--threads", "1"]
+    env = dict(os.environ, PYTHONPATH=str(Path(specdec.__file__).parents[1]))
+    run = subprocess.run(
+        [sys.executable, "-m", "specdec", *argv], capture_output=True, text=True, env=env
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines() == [f"2 requests: 2 served now, 0 already in {output}; 0 failed"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from specdec._cores import usable_cores
 from specdec.batch.models import ModelSpec
-from specdec.batch.output import ResultFile, record_key
+from specdec.batch.output import ResultFile, record_key, request_key
 from specdec.batch.records import error_record
 from specdec.batch.requests import BadLine, BatchRequest, parse_lines
 from specdec.batch.runner import BatchOptions, RequestRunner
@@ -157,10 +157,13 @@ def run_requests(
     _check_run(workers, ray)
     lines = [json.dumps(r) if not isinstance(r, (str, bytes)) else r for r in requests]
     checked, bad = parse_lines(lines)
-    records = {b.key: _bad_record(b) for b in bad}
+    records = {request_key(b.custom_id, b.key): _bad_record(b) for b in bad}
     for record in serve(checked, factory, options, workers=workers, ray=ray):
         records[record_key(record)] = record
-    order = sorted([(b.line, b.key) for b in bad] + [(r.line, r.custom_id) for r in checked])
+    order = sorted(
+        [(b.line, request_key(b.custom_id, b.key)) for b in bad]
+        + [(r.line, request_key(r.custom_id, None)) for r in checked]
+    )
     return [records[key] for _, key in order]
 
 
@@ -222,8 +225,8 @@ def run_batch(
     summary = BatchSummary(requests=len(requests) + len(bad))
     with ResultFile(output_path, retry_failed=retry_failed) as output:
         summary.failed = output.failed
-        todo = [r for r in requests if r.custom_id not in output.done]
-        todo_bad = [b for b in bad if b.key not in output.done]
+        todo = [r for r in requests if request_key(r.custom_id, None) not in output.done]
+        todo_bad = [b for b in bad if request_key(b.custom_id, b.key) not in output.done]
         summary.skipped = summary.requests - len(todo) - len(todo_bad)
         if on_start is not None:
             on_start(summary)

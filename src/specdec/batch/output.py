@@ -13,14 +13,22 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["ResultFile", "record_key"]
+__all__ = ["ResultFile", "record_key", "request_key"]
 
 
-def record_key(record: dict) -> str:
-    """What a record is remembered by: its ``custom_id``, else its ``request_id`` (``line-N``)."""
-    if record.get("custom_id") is not None:
-        return record["custom_id"]
-    return record["response"]["request_id"]
+def request_key(custom_id: str | None, request_id: str | None) -> tuple:
+    """What a request's record is remembered by (a pair: its kind, its id).
+
+    ``("id", custom_id)``, else ``("line", request_id)`` for a line without an id (its
+    ``request_id`` is ``line-N``).  Two kinds of key, so that a request whose
+    ``custom_id`` is ``"line-3"`` is not taken for the record of a bad line 3 without one.
+    """
+    return ("id", custom_id) if custom_id is not None else ("line", request_id)
+
+
+def record_key(record: dict) -> tuple:
+    """:func:`request_key` of an output record."""
+    return request_key(record.get("custom_id"), record["response"]["request_id"])
 
 
 def _succeeded(record: dict) -> bool:
@@ -40,7 +48,7 @@ class ResultFile:
 
     Attributes
     ----------
-    done : set of str
+    done : set of tuple
         Keys (:func:`record_key`) of the records in the file.
     failed : int
         How many of them failed (before this run's records).
@@ -74,25 +82,32 @@ class ResultFile:
         except FileNotFoundError:
             return []
         end = data.rfind(b"\n") + 1
-        if end < len(data):  # a torn last line: cut it off, its request runs again
-            with open(self.path, "r+b") as file:
-                file.truncate(end)
-            data = data[:end]
         records = []
-        for number, line in enumerate(data.splitlines(keepends=True), 1):
+        for number, line in enumerate(data[:end].splitlines(keepends=True), 1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
                 record_key(record)
                 record["response"]["status_code"]
-            except (ValueError, KeyError, TypeError):
-                raise ValueError(
-                    f"{self.path}: line {number} is not a batch output record; is this "
-                    "the output of this batch?"
-                ) from None
+            except (ValueError, KeyError, TypeError, RecursionError):
+                raise self._not_an_output(number) from None
             records.append((line, record))
+        if end < len(data):
+            # A torn last line (a run stopped while writing it): cut it off, its request
+            # runs again.  Only once the whole lines proved this a batch output, and
+            # only what starts like a record (json.dumps writes "id" first).
+            if not data[end:].startswith(b'{"id": "batch_req_'):
+                raise self._not_an_output(data.count(b"\n", 0, end) + 1)
+            with open(self.path, "r+b") as file:
+                file.truncate(end)
         return records
+
+    def _not_an_output(self, number: int) -> ValueError:
+        return ValueError(
+            f"{self.path}: line {number} is not a batch output record; is this the output "
+            "of this batch?"
+        )
 
     def write(self, record: dict) -> None:
         """Append one record as one whole line (written through, not buffered)."""

@@ -223,7 +223,9 @@ def parse_request(request, line: int) -> BatchRequest:
         text = {"messages": _check_messages(body.get("messages"))}
     else:
         text = {"prompt": _check_prompt(body.get("prompt"))}
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:  # absent, or null: OpenAI's older name then
+        max_tokens = body.get("max_tokens")
     values = dict(
         max_tokens=_check_int({"max_tokens": max_tokens}, "max_tokens", 1, MAX_TOKENS),
         temperature=_check_float(body, "temperature"),
@@ -273,6 +275,13 @@ def parse_lines(lines) -> tuple[list[BatchRequest], list[BadLine]]:
         custom_id = None
         try:
             value = json.loads(text)
+        except (ValueError, RecursionError) as error:
+            # JSONDecodeError, and what json.loads raises past its limits: nesting
+            # deeper than the interpreter's stack, an int of more than 4300 digits
+            reason = "nested too deeply" if isinstance(error, RecursionError) else error
+            bad.append(BadLine(number, None, f"line {number}: not JSON ({reason})", _key(number)))
+            continue
+        try:
             if isinstance(value, dict) and isinstance(value.get("custom_id"), str):
                 custom_id = value["custom_id"] or None
             if custom_id is not None:
@@ -283,8 +292,6 @@ def parse_lines(lines) -> tuple[list[BatchRequest], list[BadLine]]:
                     )
                 seen[custom_id] = number
             requests.append(parse_request(value, number))
-        except json.JSONDecodeError as error:
-            bad.append(BadLine(number, None, f"line {number}: not JSON ({error})", _key(number)))
         except RequestError as error:
             key = custom_id if custom_id is not None else _key(number)
             bad.append(BadLine(number, custom_id, f"line {number}: {error}", key))

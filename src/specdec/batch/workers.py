@@ -10,6 +10,8 @@ resumes).
 
 from __future__ import annotations
 
+import atexit
+import gc
 import multiprocessing
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -37,6 +39,15 @@ def _start(factory: Callable, options: BatchOptions) -> None:
         _runner = RequestRunner(factory(), options)
     except Exception as error:  # reported with the first request, as one line
         _start_error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    # The models go before the interpreter's teardown: llama-cpp-python's Llama.__del__
+    # then still finds its library (afterwards it printed a traceback per worker).
+    atexit.register(_release)
+
+
+def _release() -> None:
+    global _runner
+    _runner = None
+    gc.collect()
 
 
 def _serve(request: BatchRequest) -> dict:
