@@ -223,6 +223,14 @@ def test_a_custom_id_that_reads_like_a_bad_lines_key_is_served(tmp_path):
     assert [r["response"]["status_code"] for r in run_requests(requests, TOY)] == [400, 200]
 
 
+def test_a_byte_order_mark_before_the_first_line_is_ignored(tmp_path):
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(source, [GOOD, {**GOOD, "custom_id": "ok2"}])
+    source.write_bytes(b"\xef\xbb\xbf" + source.read_bytes())  # line 1 was "not JSON"
+    summary = run_batch(source, output, TOY)
+    assert summary.complete and summary.failed == 0 and summary.written == 2
+
+
 def test_max_completion_tokens_null_falls_back_to_max_tokens(tmp_path):
     body = {"prompt": "def f(", "max_completion_tokens": None, "max_tokens": 3}
     _, (record,) = _run(tmp_path, [{**GOOD, "body": body}], options=BatchOptions(max_tokens=8))

@@ -270,6 +270,8 @@ def parse_lines(lines) -> tuple[list[BatchRequest], list[BadLine]]:
     for number, text in enumerate(lines, 1):
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
+        if number == 1 and text.startswith("\ufeff"):
+            text = text[1:]  # a byte-order mark, as some editors on Windows write
         if not text.strip():
             continue
         custom_id = None
