@@ -530,6 +530,40 @@ def test_workspace_of_one(kernels):
     )
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("alias", ["weights_out is logits", "law_out in weights_out", "overlap"])
+def test_sample_token_refuses_outputs_that_share_the_logits_memory(kernels, dtype, alias):
+    # The compiled kernel wrote its weights into the logits it still read, and picked
+    # another token than the twin (which computes into temporaries).
+    n = 100
+    memory = np.random.default_rng(1).standard_normal(2 * n).astype(dtype)
+    logits, weights, law = memory[:n], np.zeros(n, dtype), np.zeros(1, LAW_DTYPE)
+    if alias == "weights_out is logits":
+        weights = logits
+    elif alias == "law_out in weights_out":
+        law = weights.view(np.uint8)[: LAW_DTYPE.itemsize].view(LAW_DTYPE)
+    else:
+        weights = memory[n // 2 : n // 2 + n]
+    with pytest.raises(ValueError, match="^sample_token: weights_out and the law output must"):
+        kernels.sample_token(
+            logits, SamplingControls(1.0), np.random.default_rng(0), law, weights,
+            kernels.Workspace(n),
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("alias", ["weights_out is rows", "laws_out in rows"])
+def test_row_laws_refuses_outputs_that_share_the_rows_memory(kernels, alias):
+    rows = np.zeros((1, 1000), np.float32)
+    rows[0, 700] = 100.0
+    weights, laws = np.zeros((1, 1000), np.float32), np.zeros(1, LAW_DTYPE)
+    if alias == "weights_out is rows":
+        weights = rows
+    else:
+        laws = rows.view(np.uint8)[0, : LAW_DTYPE.itemsize].view(LAW_DTYPE)
+    with pytest.raises(ValueError, match="^row_laws: weights_out and the law output must"):
+        kernels.row_laws(rows, SamplingControls(1.0), laws, weights, kernels.Workspace(1000))
+
+
 def _verify_args(kernels, vocab=5, n=2, temperature=1.0, **changes):
     laws = np.zeros(n, LAW_DTYPE)
     laws["tau"] = laws["zmin"] = -np.inf

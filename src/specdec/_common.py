@@ -99,6 +99,26 @@ def check_rows(rows, name: str, vocab_size: int, ndim: int = 2) -> None:
         raise ValueError(f"{name} has {rows.shape[-1]} columns, the workspace {vocab_size}")
 
 
+def overlap_error(caller: str) -> ValueError:
+    """The error for outputs that share memory with the logits or with each other."""
+    return ValueError(
+        f"{caller}: weights_out and the law output must not share memory with the logits "
+        "or with each other"
+    )
+
+
+def check_apart(caller: str, *arrays) -> None:
+    """``arrays`` (the logits, then the outputs) must not overlap in memory.
+
+    The compiled kernels write an output while they still read the logits (and read a
+    law they wrote), so aliased arrays would give other answers than the twin's.
+    """
+    for i, a in enumerate(arrays):
+        for b in arrays[i + 1 :]:
+            if np.may_share_memory(a, b):
+                raise overlap_error(caller)
+
+
 def check_row_laws_args(rows, laws_out, weights_out, vocab_size: int) -> None:
     """Arguments of ``row_laws``: (n, V) rows, n laws, (n, V) weights of the rows' dtype."""
     check_rows(rows, "rows", vocab_size)
@@ -110,6 +130,7 @@ def check_row_laws_args(rows, laws_out, weights_out, vocab_size: int) -> None:
         )
     if len(weights_out) < len(rows):
         raise ValueError(f"weights_out holds {len(weights_out)} rows, {len(rows)} needed")
+    check_apart("row_laws", rows, weights_out, laws_out)
 
 
 def token_range_error(caller: str, token: int, vocab_size: int) -> ValueError:

@@ -46,7 +46,7 @@ cnp.import_array()
 
 from specdec import _common
 from specdec._common import (BLOCK_SIZE, InvalidLogitsError, check_row_laws_args, check_tree_args,
-                             check_verify_args, token_range_error)
+                             check_verify_args, overlap_error, token_range_error)
 from specdec._common import SHIFT_LIMIT as _SHIFT_LIMIT
 from specdec._common import SIMD_LEVELS as _SIMD_LEVELS
 from specdec._validation import SamplingControls
@@ -428,6 +428,15 @@ def sample_token(logits, object controls, object rng, law_out, weights_out,
     return _sample_token_views(logits, controls, rng, law_out, weights_out, work)
 
 
+cdef inline bint overlap(const void *a, size_t a_bytes, const void *b,
+                         size_t b_bytes) noexcept:
+    """Whether two byte ranges share memory (the kernels write one while reading the
+    other: see _common.check_apart)."""
+    cdef const char *p = <const char *> a
+    cdef const char *q = <const char *> b
+    return a_bytes > 0 and b_bytes > 0 and p < q + b_bytes and q < p + a_bytes
+
+
 cdef inline bint plain_array(object a, int typenum, bint writeable, int ndim=1):
     """An `ndim`-D, aligned, native, C-contiguous ndarray of type `typenum` (writeable if
     asked)."""
@@ -510,6 +519,10 @@ cdef object sample_from(const logit_t *x, Py_ssize_t n, object controls, object 
     """sample_token on checked arrays: the row, its law's and weights' storage."""
     if n != work.vocab_size or n_weights != n or n_laws < 1:
         raise ValueError("logits, law_out, weights_out and work do not match in size")
+    cdef size_t row_bytes = n * sizeof(logit_t), law_bytes = n_laws * sizeof(RowLaw)
+    if (overlap(x, row_bytes, weights, row_bytes) or overlap(x, row_bytes, law, law_bytes)
+            or overlap(weights, row_bytes, law, law_bytes)):
+        raise overlap_error("sample_token")
     cdef Controls c = unpack_controls(controls)
     cdef int err = 0
     cdef Py_ssize_t token = -1
@@ -601,6 +614,13 @@ def row_laws(rows, controls, laws_out, weights_out, Workspace work not None):
     cdef RowLaw *laws = <RowLaw *> cnp.PyArray_DATA(<cnp.ndarray> laws_out)
     cdef const void *row_data = cnp.PyArray_DATA(<cnp.ndarray> rows)
     cdef void *weight_data = cnp.PyArray_DATA(<cnp.ndarray> weights_out)
+    cdef size_t row_bytes = cnp.PyArray_NBYTES(<cnp.ndarray> rows)
+    cdef size_t weight_bytes = cnp.PyArray_NBYTES(<cnp.ndarray> weights_out)
+    cdef size_t law_bytes = cnp.PyArray_NBYTES(<cnp.ndarray> laws_out)
+    if plain and (overlap(row_data, row_bytes, weight_data, weight_bytes)
+                  or overlap(row_data, row_bytes, laws, law_bytes)
+                  or overlap(weight_data, weight_bytes, laws, law_bytes)):
+        raise overlap_error("row_laws")  # (the checked path's check_row_laws_args says it)
     if rows.dtype == np.float32:
         with nogil:
             err = fill_row_laws[float](<const float *> row_data, n_rows, n, &c, laws,

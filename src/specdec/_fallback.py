@@ -25,6 +25,7 @@ from specdec._common import (
     NONFINITE_LOGITS,
     SHIFT_LIMIT,
     InvalidLogitsError,
+    check_apart,
     check_laws,
     check_row_laws_args,
     check_tree_args,
@@ -298,6 +299,7 @@ def sample_token(logits, controls, rng, law_out, weights_out, work):
         raise ValueError("logits, law_out, weights_out and work do not match in size")
     if weights_out.dtype != logits.dtype:
         raise ValueError("weights_out must have the dtype of logits")
+    check_apart("sample_token", logits, weights_out, law_out)
     if inv_t == math.inf:
         _row_max(logits, 0)
         return int(np.argmax(logits))
