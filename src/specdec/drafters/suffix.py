@@ -265,7 +265,7 @@ class SuffixDrafter(SharedState, Drafter):
         request.clear()
         request.global_active = self._global.match(tokens[-self.max_depth :].tolist())
         request.version = self._version
-        self._append(request, tokens, match_global=False)
+        self._append(request, tokens, match_global=False, checked=True)
 
     def _reindex_tail(self, request: _Request) -> None:
         """Rebuild the local tree over the last ``max_indexed_tokens // 2`` tokens.
@@ -282,8 +282,11 @@ class SuffixDrafter(SharedState, Drafter):
             active = append(active, token)
         request.local_active = active
 
-    def _append(self, request: _Request, tokens: np.ndarray, match_global: bool = True) -> None:
-        check_ids(tokens, "tokens", None)  # extend() and propose() take unchecked sequences
+    def _append(
+        self, request: _Request, tokens: np.ndarray, match_global: bool = True, checked=False
+    ) -> None:
+        if not checked:  # extend() and propose() take unchecked sequences
+            check_ids(tokens, "tokens", None)
         if request.length + tokens.shape[0] - request.indexed_from > self.max_indexed_tokens:
             # past the bound: the sequence is kept, the local tree re-indexes its tail
             request.push(tokens)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from specdec._validation import is_int
+from specdec.drafters._checks import check_ids
 from specdec.drafters.cost import CurveCheck
 from specdec.models import _calibration
 
@@ -47,17 +48,10 @@ def _as_sequence(ids: Any) -> np.ndarray:
 
 
 def _check_new_ids(seq: np.ndarray, start: int, vocab_size: int) -> None:
-    """Refuse an id of ``seq[start:]`` outside ``[0, vocab_size)`` (one or more of them)."""
-    if start == seq.shape[0] - 1:  # a plain step's one new token: no NumPy reduction
-        low = high = int(seq[start])
-    else:
-        new = seq[start:]
-        low, high = int(new.min()), int(new.max())
-    if low < 0 or high >= vocab_size:
-        raise ValueError(
-            f"ids holds token id {low if low < 0 else high}, outside [0, vocab_size) = "
-            f"[0, {vocab_size})"
-        )
+    """Refuse an id of ``seq[start:]`` outside ``[0, vocab_size)`` (the drafters' check)."""
+    if start == seq.shape[0] - 1 and 0 <= int(seq[start]) < vocab_size:
+        return  # a plain step's one new token, in range: no NumPy reduction
+    check_ids(seq[start:], "ids", vocab_size)
 
 
 def _rows_wanted(logits_to_keep: int | None, length: int) -> int:

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from specdec.drafters._checks import check_ids
+
 __all__ = ["check_tree", "node_paths", "score_tree", "score_tree_by_branches", "tree_arguments"]
 
 
@@ -69,12 +71,8 @@ def tree_arguments(prefix_ids: Any, token_ids: Any, parents: Any, vocab_size: in
         raise TypeError(f"prefix_ids must be integers, got dtype {prefix.dtype}")
     prefix = prefix.reshape(-1).astype(np.int64, copy=False)
     if vocab_size is not None:
-        for name, ids in (("prefix_ids", prefix), ("token_ids", tokens)):
-            if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-                bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
-                raise ValueError(
-                    f"{name} holds token id {bad}, outside [0, vocab_size) = [0, {vocab_size})"
-                )
+        check_ids(prefix, "prefix_ids", vocab_size)
+        check_ids(tokens, "token_ids", vocab_size)
     return prefix, tokens, par, node_paths(par)
 
 

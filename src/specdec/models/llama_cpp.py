@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from specdec._cores import check_threads, usable_cores
+from specdec.drafters._checks import check_ids
 from specdec.models._cached import PrefixCachedModel
 from specdec.models._llama_batch import TokenBatch
 from specdec.models._optional import import_optional
@@ -468,12 +469,7 @@ class LlamaCppModel(PrefixCachedModel):
             If an id is out of range (llama.cpp would end the process).
         """
         tokens = [int(t) for t in ids]
-        vocab_size = self.vocab_size
-        for t in tokens:
-            if not 0 <= t < vocab_size:
-                raise ValueError(
-                    f"ids holds token id {t}, outside [0, vocab_size) = [0, {vocab_size})"
-                )
+        check_ids(np.array(tokens), "ids", self.vocab_size)  # object dtype past int64
         return self.llama.detokenize(tokens).decode("utf-8", errors="replace")
 
     @property
