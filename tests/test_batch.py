@@ -284,6 +284,24 @@ def test_resume_skips_what_is_done_and_retry_failed_reruns_failures(tmp_path):
     assert all(r["response"]["status_code"] == 200 for r in records)
 
 
+def test_an_interrupted_retry_failed_rewrite_leaves_the_file_and_no_stray(tmp_path, monkeypatch):
+    from specdec.batch import output
+
+    long = {"custom_id": "long", "url": "/v1/completions", "body": {"prompt": "x" * 500}}
+    _run(tmp_path, [GOOD, long])
+    path = tmp_path / "out.jsonl"
+    before = path.read_bytes()
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(output.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        output.ResultFile(path, retry_failed=True)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]
+
+
 def test_a_torn_last_line_is_cut_and_its_request_runs_again(tmp_path):
     requests = mixed_requests(4)
     _, complete = _run(tmp_path, requests)
@@ -444,6 +462,17 @@ def test_openai_fields_at_their_neutral_value_are_accepted():
     (record,) = run_requests([{"custom_id": "a", "url": "/v1/completions", "body": body}], TOY)
     message = record["response"]["body"]["error"]["message"]
     assert "body.presence_penalty is not supported" in message
+
+
+@pytest.mark.parametrize(
+    "name, value", [("n", True), ("best_of", 1.0), ("echo", 0), ("presence_penalty", False)]
+)
+def test_a_neutral_value_of_the_wrong_kind_is_refused(name, value):
+    # JSON's true equals 1 in Python: "n": true was served as n = 1.
+    body = {"prompt": "a", "max_tokens": 4, name: value}
+    (record,) = run_requests([{"custom_id": "a", "url": "/v1/completions", "body": body}], TOY)
+    message = record["response"]["body"]["error"]["message"]
+    assert f"body.{name} is not supported by specdec (got {value!r})" in message
 
 
 def test_llama_workers_exit_without_tracebacks(smollm2_installed, tmp_path):

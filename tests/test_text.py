@@ -101,6 +101,18 @@ def test_detokenizer_is_a_streamer(backend):
     assert all("\ufffd" not in piece for piece in printed)
 
 
+def test_streamer_takes_one_row_tensors_as_hugging_face_passes_them():
+    printed = []
+    streamer = IncrementalDetokenizer(byte_text, on_text=printed.append)
+    streamer.put(np.array([byte_ids("prompt")]))  # (1, n): skipped
+    streamer.put(np.array([byte_ids("one ")]))  # (1, n): assisted generation's passes
+    streamer.put(np.array(byte_ids("two")))  # (n,)
+    streamer.end()
+    assert "".join(printed) == "one two"
+    with pytest.raises(ValueError, match=r"one sequence, shape \(n,\) or \(1, n\), got \(2, 3\)"):
+        streamer.put(np.zeros((2, 3), dtype=np.int64))
+
+
 # -- chat templates -------------------------------------------------------------------
 
 

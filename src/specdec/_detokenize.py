@@ -153,7 +153,17 @@ class IncrementalDetokenizer:
     # -- Hugging Face's streamer protocol --
 
     def put(self, ids) -> None:
-        """Streamer protocol: skip the prompt, then emit each pass's text."""
+        """Streamer protocol: skip the prompt, then emit each pass's text.
+
+        As Hugging Face's streamers, takes ``(1, n)`` tensors (assisted generation
+        passes them) and refuses a batch of several sequences.
+        """
+        if getattr(ids, "ndim", 1) > 1:
+            if ids.ndim > 2 or ids.shape[0] != 1:
+                raise ValueError(
+                    f"ids must hold one sequence, shape (n,) or (1, n), got {tuple(ids.shape)}"
+                )
+            ids = ids[0]
         if not self._prompt_seen:
             self._prompt_seen = True
             return

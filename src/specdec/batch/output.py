@@ -68,8 +68,12 @@ class ResultFile:
         if retry_failed and any(not _succeeded(r) for _, r in records):
             kept = [line for line, r in records if _succeeded(r)]
             temporary = self.path.with_name(self.path.name + ".specdec-tmp")
-            temporary.write_bytes(b"".join(kept))
-            os.replace(temporary, self.path)
+            try:
+                temporary.write_bytes(b"".join(kept))
+                os.replace(temporary, self.path)
+            except BaseException:  # a full disk, an interrupt: leave no stray file
+                temporary.unlink(missing_ok=True)
+                raise
             records = [(line, r) for line, r in records if _succeeded(r)]
         for _, record in records:
             self.done.add(record_key(record))

@@ -43,9 +43,9 @@ MAX_STOPS = 4
 _NEUTRAL = {
     "n": 1,
     "best_of": 1,
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "repetition_penalty": 1,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
     "logprobs": None,
     "top_logprobs": None,
     "echo": False,
@@ -153,9 +153,20 @@ def _check_stop(body) -> tuple:
 def _check_unsupported(body) -> None:
     for name, neutral in _NEUTRAL.items():
         value = body.get(name)
-        empty = neutral is None and value in ({}, [], False, 0)
-        if value is not None and value != neutral and not empty:
+        if value is not None and not _is_neutral(value, neutral):
             raise RequestError(f"body.{name} is not supported by specdec (got {value!r})")
+
+
+def _is_neutral(value, neutral) -> bool:
+    # Compared by kind as well as value: JSON's true equals 1 in Python, yet "n": true
+    # asks for something specdec cannot know it gives.
+    if neutral is None:
+        return value in ({}, [], False, 0)
+    if isinstance(neutral, bool):
+        return value is neutral
+    if isinstance(neutral, int):
+        return is_int(value) and value == neutral
+    return is_real(value) and value == neutral
 
 
 def _check_messages(messages) -> list:

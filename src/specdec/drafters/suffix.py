@@ -285,8 +285,9 @@ class SuffixDrafter(SharedState, Drafter):
     def _append(
         self, request: _Request, tokens: np.ndarray, match_global: bool = True, checked=False
     ) -> None:
-        if not checked:  # extend() and propose() take unchecked sequences
-            check_ids(tokens, "tokens", None)
+        values = tokens.tolist()  # the loop below needs the list; min() on it is cheap
+        if not checked and values and min(values) < 0:  # extend()/propose(): unchecked
+            check_ids(tokens, "tokens", None)  # raises, in the shared words
         if request.length + tokens.shape[0] - request.indexed_from > self.max_indexed_tokens:
             # past the bound: the sequence is kept, the local tree re-indexes its tail
             request.push(tokens)
@@ -299,7 +300,7 @@ class SuffixDrafter(SharedState, Drafter):
         request.push(tokens)
         local, trie = request.local, self._global
         active, global_active = request.local_active, request.global_active
-        for token in tokens.tolist():
+        for token in values:
             active = local.append(active, token)
             if match_global:
                 global_active = trie.step(global_active, token)
