@@ -128,6 +128,30 @@ class KillingToy:
         return models
 
 
+@dataclass(frozen=True)
+class FailingToy:
+    """:data:`TOY`, whose target raises ``error_type`` at its third pass (mid-request)."""
+
+    error_type: type
+
+    def __call__(self) -> BatchModels:
+        models = TOY()
+        models.target = _FailLater(models.target, self.error_type)
+        return models
+
+
+class _FailLater:
+    def __init__(self, model, error_type: type):
+        self.model, self.error_type, self.passes = model, error_type, 0
+        self.vocab_size = model.vocab_size
+
+    def forward(self, ids, logits_to_keep=None):
+        self.passes += 1
+        if self.passes == 3:
+            raise self.error_type("the model broke")
+        return self.model.forward(ids, logits_to_keep=logits_to_keep)
+
+
 class _Slow:
     def __init__(self, model, seconds: float):
         self.model, self.seconds = model, seconds

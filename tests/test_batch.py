@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from batch_files import (
     TOY,
+    FailingToy,
     SlowToy,
     by_id,
     check_openai_record,
@@ -473,6 +474,19 @@ def test_a_neutral_value_of_the_wrong_kind_is_refused(name, value):
     (record,) = run_requests([{"custom_id": "a", "url": "/v1/completions", "body": body}], TOY)
     message = record["response"]["body"]["error"]["message"]
     assert f"body.{name} is not supported by specdec (got {value!r})" in message
+
+
+@pytest.mark.parametrize("error_type", [ValueError, RuntimeError])
+def test_a_model_failing_while_serving_is_a_500_record_and_the_batch_goes_on(error_type):
+    # A ValueError from the model mid-request was a 400 "invalid_request_error", as if
+    # the request were at fault.
+    requests = [{**GOOD, "custom_id": "first"}, {**GOOD, "custom_id": "second"}]
+    first, second = run_requests(requests, FailingToy(error_type))
+    assert first["response"]["status_code"] == 500, first
+    error = first["response"]["body"]["error"]
+    assert error["type"] == "server_error"
+    assert error["message"] == f"line 1: {error_type.__name__}: the model broke"
+    assert second["response"]["status_code"] == 200, second
 
 
 def test_llama_workers_exit_without_tracebacks(smollm2_installed, tmp_path):

@@ -138,6 +138,10 @@ class RequestRunner:
         """
         try:
             return self._serve(request)
+        except _ServingFailure as failure:  # the request was valid; serving it failed
+            error = failure.__cause__
+            message = f"line {request.line}: {type(error).__name__}: {error}"
+            return error_record(request.custom_id, request.custom_id, message, 500)
         except (RequestError, ValueError, TypeError) as error:
             message = f"line {request.line}: {error}"
             return error_record(request.custom_id, request.custom_id, message)
@@ -177,8 +181,15 @@ class RequestRunner:
             decoder = self._decoder_for(controls)
             rng = np.random.default_rng(seed)
             tokens = decoder.stream(models.draft, models.target, prompt, max_tokens, eos, rng=rng)
-        new, finish = _until_stop(tokens, stops, request.stop, models.detokenize)
-        text = models.detokenize([t for t in new if t not in stops])
+        # The arguments were checked when the stream was made: what fails from here on
+        # is the model or its tokenizer, not the request (a 500, even for a ValueError).
+        try:
+            new, finish = _until_stop(tokens, stops, request.stop, models.detokenize)
+            text = models.detokenize([t for t in new if t not in stops])
+        except MemoryError:
+            raise
+        except Exception as error:
+            raise _ServingFailure() from error
         if request.stop:
             text = _cut_at_stop(text, request.stop)
         stats = tokens.stats
@@ -198,6 +209,10 @@ class RequestRunner:
             completion_tokens=len(new),
             specdec=statistics,
         )
+
+
+class _ServingFailure(Exception):
+    """A valid request whose model failed while serving it (the cause is the error)."""
 
 
 def _cut_at_stop(text: str, stop_strings) -> str:
