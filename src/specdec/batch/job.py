@@ -145,7 +145,8 @@ def run_requests(
     Returns
     -------
     list of dict
-        One record per request; bad requests get status-400 records.
+        One record per request; bad requests get status-400 records, requests whose
+        model failed while serving them status-500 records.
 
     Raises
     ------
