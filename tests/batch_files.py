@@ -101,74 +101,63 @@ def check_openai_record(record: dict) -> None:
     assert stats["target_passes"] >= 1
 
 
-class _KillOnce:
-    """A target that ends its process (once: a marker file remembers) on a prompt with KILL."""
+class _Watched:
+    """The toy target, with ``before(ids, n)`` called before its n-th pass (from 1)."""
 
-    def __init__(self, model, marker: str):
-        self.model, self.marker = model, marker
-        self.vocab_size = model.vocab_size
-
-    def forward(self, ids, logits_to_keep=None):
-        if b"KILL" in bytes(int(t) for t in ids[0]) and not os.path.exists(self.marker):
-            with open(self.marker, "w") as file:
-                file.write(str(os.getpid()))
-            os._exit(1)  # as a crash or the OOM killer would: no cleanup
-        return self.model.forward(ids, logits_to_keep=logits_to_keep)
-
-
-@dataclass(frozen=True)
-class KillingToy:
-    """:data:`TOY`, whose target kills its process at the first request holding ``KILL``."""
-
-    marker: str
-
-    def __call__(self) -> BatchModels:
-        models = TOY()
-        models.target = _KillOnce(models.target, self.marker)
-        return models
-
-
-@dataclass(frozen=True)
-class FailingToy:
-    """:data:`TOY`, whose target raises ``error_type`` at its third pass (mid-request)."""
-
-    error_type: type
-
-    def __call__(self) -> BatchModels:
-        models = TOY()
-        models.target = _FailLater(models.target, self.error_type)
-        return models
-
-
-class _FailLater:
-    def __init__(self, model, error_type: type):
-        self.model, self.error_type, self.passes = model, error_type, 0
+    def __init__(self, model, before):
+        self.model, self.before, self.passes = model, before, 0
         self.vocab_size = model.vocab_size
 
     def forward(self, ids, logits_to_keep=None):
         self.passes += 1
-        if self.passes == 3:
-            raise self.error_type("the model broke")
+        self.before(ids, self.passes)
         return self.model.forward(ids, logits_to_keep=logits_to_keep)
 
 
-class _Slow:
-    def __init__(self, model, seconds: float):
-        self.model, self.seconds = model, seconds
-        self.vocab_size = model.vocab_size
+class _WatchedToy:
+    """A factory of :data:`TOY` whose target calls :meth:`before_pass` before each pass."""
 
-    def forward(self, ids, logits_to_keep=None):
-        time.sleep(self.seconds)
-        return self.model.forward(ids, logits_to_keep=logits_to_keep)
+    def __call__(self) -> BatchModels:
+        models = TOY()
+        models.target = _Watched(models.target, self.before_pass)
+        return models
+
+    def before_pass(self, ids, n: int) -> None:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
-class SlowToy:
+class KillingToy(_WatchedToy):
+    """:data:`TOY`, whose target kills its process at the first request holding ``KILL``.
+
+    Once: a marker file remembers.
+    """
+
+    marker: str
+
+    def before_pass(self, ids, n: int) -> None:
+        if b"KILL" in bytes(int(t) for t in ids[0]) and not os.path.exists(self.marker):
+            with open(self.marker, "w") as file:
+                file.write(str(os.getpid()))
+            os._exit(1)  # as a crash or the OOM killer would: no cleanup
+
+
+@dataclass(frozen=True)
+class FailingToy(_WatchedToy):
+    """:data:`TOY`, whose target raises ``error_type`` at its third pass (mid-request)."""
+
+    error_type: type
+
+    def before_pass(self, ids, n: int) -> None:
+        if n == 3:
+            raise self.error_type("the model broke")
+
+
+@dataclass(frozen=True)
+class SlowToy(_WatchedToy):
     """:data:`TOY` with a target pass that takes *seconds*: a run long enough to kill."""
 
     seconds: float = 0.002
 
-    def __call__(self) -> BatchModels:
-        models = TOY()
-        models.target = _Slow(models.target, self.seconds)
-        return models
+    def before_pass(self, ids, n: int) -> None:
+        time.sleep(self.seconds)
