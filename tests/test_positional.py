@@ -177,15 +177,31 @@ def test_rejections_at_a_position_shorten_the_drafts(offset_rate):
     for _ in range(30):  # tokens 1 and 2 are kept, token 3 never is
         policy.observe(key, 5, 2, 0.0, None)
     assert policy.length(key, 16) == 2
-    if offset_rate == 0.0:  # other evidence is another cell...
-        assert policy.length((0, 9), 16) >= initial
-    else:  # ... whose prior the source's offset has lowered
-        assert policy.offset(0) < 0.0
-        assert policy.length((0, 9), 16) < initial
+    # Other evidence is another cell, whose prior at position 3 what this bucket saw
+    # there lowers (the source's pooled tally), with or without the source's offset.
+    assert policy.length((0, 9), 16) < initial
+    assert (policy.offset(0) < 0.0) == (offset_rate > 0.0)
     assert policy.length((1, 9), 16) >= initial  # another source is untouched
     policy.reset()
     assert policy.offset(0) == 0.0
     assert policy.length(key, 16) == initial
+
+
+def test_a_bucket_learns_from_the_sources_other_buckets_at_each_position():
+    policy = PositionalDraftLength(offset_rate=0.0)  # the pooled tally alone
+    fresh, seen = (0, 4), (0, 8)  # buckets 5 and 8
+    before = policy.acceptances(fresh, 3)
+    for _ in range(10):  # token 1 always kept, token 2 never
+        policy.observe(seen, 3, 1, 0.0, None)
+    after = policy.acceptances(fresh, 3)
+    assert after[0] > before[0]  # position 1: kept elsewhere, raised
+    assert after[1] < 0.5 < before[1]  # position 2: rejected elsewhere, lowered
+    assert policy.acceptances((1, 4), 3) == before  # another source: untouched
+    # the cell's own observations still weigh as before, on top of the pooled prior
+    policy.observe(fresh, 2, 2, 0.0, None)
+    assert policy.acceptances(fresh, 2)[1] > after[1]
+    policy.reset()  # forgets the pooled tallies too
+    assert policy.acceptances(fresh, 3) == before
 
 
 def test_a_sources_offset_follows_the_text_before_each_cell_is_observed():

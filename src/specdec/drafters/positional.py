@@ -23,7 +23,7 @@ from specdec.drafters.cost import (
     chosen_cost,
     suffix_minima,
 )
-from specdec.drafters.length import NO_TALLY, DraftLengthPolicy, shortest_near_best
+from specdec.drafters.length import NO_TALLY, DraftLengthPolicy, Tally, shortest_near_best
 
 __all__ = ["PositionalDraftLength"]
 
@@ -55,10 +55,15 @@ class PositionalDraftLength(DraftLengthPolicy):
     that a copy whose match grows from step to step keeps learning in a few cells.
     Position i's prior is raised to the estimate at position i - 1 when that is
     higher, so that what was learnt at the first positions carries to the next ones
-    before they are observed.  Each cell's estimate is ``(kept + s * prior) / (tested
-    + s)`` with ``s = prior_strength`` pseudo-observations, and older observations fade
-    by ``memory`` each time the cell is observed again, so that it follows a text that
-    changes character.
+    before they are observed.  What the source's *other* evidence buckets saw at that
+    position then moves the prior the same way, ``(kept' + s * prior) / (tested' + s)``
+    over their pooled tallies: a text whose drafts fail at some position (a JSON key
+    matches, its value does not) fails there whatever the match's length, and one
+    bucket alone learns it slowly (replayed: open text +0.6%, held-out grounded prompts
+    +0.5-1%, a verbatim quote at 0.7 -2%).  Each cell's estimate is ``(kept + s *
+    prior) / (tested + s)`` with ``s = prior_strength`` pseudo-observations, and older
+    observations fade by ``memory`` each time the cell is observed again, so that it
+    follows a text that changes character.
 
     The priors of a drafter follow the text too: they are shifted by one log-odds
     offset per source, which every observation of that source moves by
@@ -193,6 +198,9 @@ class PositionalDraftLength(DraftLengthPolicy):
         The timed passes of an adapter's ``cost_check`` are the model's, kept.
         """
         self._cells: dict = {}  # (source, evidence, position) -> Tally
+        # (source, position) -> the Tally of the source's cells at that position, summed
+        # over its evidence buckets (kept up to date by learn)
+        self._pooled: dict = {}
         self._offsets: dict = {}  # source -> log-odds offset of its priors
         self._idle: dict = {}  # (source, evidence) -> proposals since the last draft
         # the curve against the timed passes, unless the target adapter keeps its own
@@ -293,6 +301,7 @@ class PositionalDraftLength(DraftLengthPolicy):
             evidence = min(int(evidence), self.MAX_EVIDENCE)
             bucket = self._bucket(evidence)
         cells, strength, last = self._cells, self.prior_strength, self.MAX_POSITION
+        pooled = self._pooled if bucket is not None else {}
         priors = self._priors.get(evidence)
         if priors is None:
             priors = self._priors[evidence] = [self.prior(evidence, i) for i in range(1, last + 1)]
@@ -309,7 +318,17 @@ class PositionalDraftLength(DraftLengthPolicy):
                 prior = _shifted(prior, odds)
             if previous > prior:
                 prior = previous
-            cell = cells.get((source, bucket, position if position < last else last))
+            at = position if position < last else last
+            cell = cells.get((source, bucket, at))
+            pool = pooled.get((source, at))
+            if pool is not None:
+                # What the source's other evidence buckets saw at this position moves
+                # the prior first: a text whose drafts fail at position i fails there
+                # whatever the match's length, and each bucket alone learns it slowly.
+                own = NO_TALLY if cell is None else cell
+                tested = pool.tested - own.tested
+                if tested > 1e-9:
+                    prior = (pool.kept - own.kept + strength * prior) / (tested + strength)
             if cell is None:
                 previous = prior
             else:
@@ -516,10 +535,17 @@ class PositionalDraftLength(DraftLengthPolicy):
             off its first candidate do not).
         """
         self._learn_offset(key, offset_outcomes)
-        cells, memory = self._cells, self.memory
+        cells, pooled, memory = self._cells, self._pooled, self.memory
         for position, success in outcomes:
             cell = self._cell_key(key, position)
-            cells[cell] = cells.get(cell, NO_TALLY).add(success, 1.0, memory)
+            before = cells.get(cell, NO_TALLY)
+            after = cells[cell] = before.add(success, 1.0, memory)
+            source, bucket, at = cell
+            if bucket is not None:
+                pool = pooled.get((source, at), NO_TALLY)
+                pooled[source, at] = Tally(
+                    pool.kept + after.kept - before.kept, pool.tested + after.tested - before.tested
+                )
 
     def select_tree(self, key, tree):
         """Which nodes of a tree of candidates to verify (see :class:`TreeSelector`).
