@@ -322,9 +322,7 @@ class PositionalDraftLength(DraftLengthPolicy):
             cell = cells.get((source, bucket, at))
             pool = pooled.get((source, at))
             if pool is not None:
-                # What the source's other evidence buckets saw at this position moves
-                # the prior first: a text whose drafts fail at position i fails there
-                # whatever the match's length, and each bucket alone learns it slowly.
+                # the other buckets' pooled tally (the class docstring says why)
                 own = NO_TALLY if cell is None else cell
                 tested = pool.tested - own.tested
                 if tested > 1e-9:
