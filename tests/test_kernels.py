@@ -551,15 +551,19 @@ def test_sample_token_refuses_outputs_that_share_the_logits_memory(kernels, dtyp
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("alias", ["weights_out is rows", "laws_out in rows"])
+@pytest.mark.parametrize(
+    "alias", ["weights_out is rows", "laws_out in rows", "laws_out in weights_out"]
+)
 def test_row_laws_refuses_outputs_that_share_the_rows_memory(kernels, alias):
     rows = np.zeros((1, 1000), np.float32)
     rows[0, 700] = 100.0
     weights, laws = np.zeros((1, 1000), np.float32), np.zeros(1, LAW_DTYPE)
     if alias == "weights_out is rows":
         weights = rows
-    else:
+    elif alias == "laws_out in rows":
         laws = rows.view(np.uint8)[0, : LAW_DTYPE.itemsize].view(LAW_DTYPE)
+    else:
+        laws = weights.view(np.uint8)[0, : LAW_DTYPE.itemsize].view(LAW_DTYPE)
     with pytest.raises(ValueError, match="^row_laws: weights_out and the law output must"):
         kernels.row_laws(rows, SamplingControls(1.0), laws, weights, kernels.Workspace(1000))
 

@@ -437,6 +437,14 @@ cdef inline bint overlap(const void *a, size_t a_bytes, const void *b,
     return a_bytes > 0 and b_bytes > 0 and p < q + b_bytes and q < p + a_bytes
 
 
+cdef inline bint any_overlap(const void *rows, size_t row_bytes, const void *weights,
+                             size_t weight_bytes, const void *laws, size_t law_bytes) noexcept:
+    """Whether any two of a kernel's rows, weights and laws share memory."""
+    return (overlap(rows, row_bytes, weights, weight_bytes)
+            or overlap(rows, row_bytes, laws, law_bytes)
+            or overlap(weights, weight_bytes, laws, law_bytes))
+
+
 cdef inline bint plain_array(object a, int typenum, bint writeable, int ndim=1):
     """An `ndim`-D, aligned, native, C-contiguous ndarray of type `typenum` (writeable if
     asked)."""
@@ -520,8 +528,7 @@ cdef object sample_from(const logit_t *x, Py_ssize_t n, object controls, object 
     if n != work.vocab_size or n_weights != n or n_laws < 1:
         raise ValueError("logits, law_out, weights_out and work do not match in size")
     cdef size_t row_bytes = n * sizeof(logit_t), law_bytes = n_laws * sizeof(RowLaw)
-    if (overlap(x, row_bytes, weights, row_bytes) or overlap(x, row_bytes, law, law_bytes)
-            or overlap(weights, row_bytes, law, law_bytes)):
+    if any_overlap(x, row_bytes, weights, row_bytes, law, law_bytes):
         raise overlap_error("sample_token")
     cdef Controls c = unpack_controls(controls)
     cdef int err = 0
@@ -617,9 +624,7 @@ def row_laws(rows, controls, laws_out, weights_out, Workspace work not None):
     cdef size_t row_bytes = cnp.PyArray_NBYTES(<cnp.ndarray> rows)
     cdef size_t weight_bytes = cnp.PyArray_NBYTES(<cnp.ndarray> weights_out)
     cdef size_t law_bytes = cnp.PyArray_NBYTES(<cnp.ndarray> laws_out)
-    if plain and (overlap(row_data, row_bytes, weight_data, weight_bytes)
-                  or overlap(row_data, row_bytes, laws, law_bytes)
-                  or overlap(weight_data, weight_bytes, laws, law_bytes)):
+    if plain and any_overlap(row_data, row_bytes, weight_data, weight_bytes, laws, law_bytes):
         raise overlap_error("row_laws")  # (the checked path's check_row_laws_args says it)
     if rows.dtype == np.float32:
         with nogil:
