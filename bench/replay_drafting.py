@@ -23,6 +23,8 @@ the draft iff ``y == x``.  Replaying a recorded sample ``y`` of the target, gree
 (the draft kept iff it is the recorded token), therefore gives every step exactly
 the kept count it has in law, for chains and for trees of one-hot candidates, at
 any temperature; averaging over several recorded samples averages over the law.
+A sampled trace is replayed with the draft-length policy the decoder uses while
+sampling (``tie_tolerance``), a greedy one with the greedy policy.
 (Draft *models* are not replayed: their drafts are random.)
 
 The simulated speed of a run is ``tokens / (sum over passes of cost(tokens the pass
@@ -65,7 +67,8 @@ from dataclasses import dataclass
 import numpy as np
 
 import specdec
-from specdec.drafters import Drafter, PromptLookup, SuffixDrafter
+from specdec._decoder import SAMPLING_TIE_TOLERANCE  # private: the decoder's own setting
+from specdec.drafters import Drafter, PositionalDraftLength, PromptLookup, SuffixDrafter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prompts as prompt_sets
@@ -364,6 +367,11 @@ def simulate_one(trace, kind, curve, vocab_size, one_token_seconds, overhead, st
         drafter = OracleDrafter(drafter, sequence)
     decoder = state["decoder"] if state is not None else None
     if decoder is None:
+        if "draft_length" not in decoder_kwargs and trace["temperature"] > 0:
+            # The replay decodes greedily, but a decoder sampling at this temperature
+            # sizes its drafts with its policy's sampling setting: replay that one.
+            policy = PositionalDraftLength(tie_tolerance=SAMPLING_TIE_TOLERANCE)
+            decoder_kwargs = {**decoder_kwargs, "draft_length": policy}
         decoder = specdec.SpeculativeDecoder(temperature=0.0, **decoder_kwargs)
         if state is not None:
             state["decoder"] = decoder
