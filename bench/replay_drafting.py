@@ -67,8 +67,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import specdec
-from specdec._decoder import SAMPLING_TIE_TOLERANCE  # private: the decoder's own setting
-from specdec.drafters import Drafter, PositionalDraftLength, PromptLookup, SuffixDrafter
+from specdec.drafters import Drafter, PromptLookup, SuffixDrafter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prompts as prompt_sets
@@ -367,12 +366,13 @@ def simulate_one(trace, kind, curve, vocab_size, one_token_seconds, overhead, st
         drafter = OracleDrafter(drafter, sequence)
     decoder = state["decoder"] if state is not None else None
     if decoder is None:
-        if "draft_length" not in decoder_kwargs and trace["temperature"] > 0:
-            # The replay decodes greedily, but a decoder sampling at this temperature
-            # sizes its drafts with its policy's sampling setting: replay that one.
-            policy = PositionalDraftLength(tie_tolerance=SAMPLING_TIE_TOLERANCE)
-            decoder_kwargs = {**decoder_kwargs, "draft_length": policy}
         decoder = specdec.SpeculativeDecoder(temperature=0.0, **decoder_kwargs)
+        if trace["temperature"] > 0:
+            # The replay decodes greedily, but a decoder sampling at this temperature
+            # sizes its drafts with its sampling policy: replay that one.
+            temperature = trace["temperature"]
+            sampling = specdec.SpeculativeDecoder(temperature=temperature, **decoder_kwargs)
+            decoder.draft_length = sampling.draft_length_policy(drafter)
         if state is not None:
             state["decoder"] = decoder
     eos = EOS if output and output[-1] == EOS else None

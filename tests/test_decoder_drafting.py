@@ -28,6 +28,7 @@ from specdec.drafters import (
     Drafter,
     FixedDraftLength,
     PositionalDraftLength,
+    PromptLookup,
     SuffixDrafter,
 )
 
@@ -281,14 +282,21 @@ def test_adaptive_policy_takes_the_shorter_of_near_ties_only_while_sampling(back
     target = target_model()
     decoder = specdec.SpeculativeDecoder(4, temperature=0.7, backend=backend)
     decoder.generate(ContextDrafter(), target, PROMPT, 20, rng=0)
-    policy = decoder._adaptive  # the decoder's own (draft_length="auto")
+    policy = decoder.draft_length_policy(ContextDrafter())  # the decoder's own ("auto")
+    assert isinstance(policy, PositionalDraftLength)
     assert policy.tie_tolerance == SAMPLING_TIE_TOLERANCE
     decoder.temperature = 0.0
     decoder.generate(ContextDrafter(), target, PROMPT, 20, rng=0)
-    assert decoder._adaptive is policy and policy.tie_tolerance == 0.0
+    assert decoder.draft_length_policy(ContextDrafter()) is policy
+    assert policy.tie_tolerance == 0.0
     decoder.temperature = 1.0
     decoder.generate(ContextDrafter(), target, PROMPT, 20, rng=0)
     assert policy.tie_tolerance == SAMPLING_TIE_TOLERANCE
+    # asking about other draft sources builds a policy the decoder does not keep
+    other = decoder.draft_length_policy(PromptLookup())
+    assert other is not policy and other.tie_tolerance == SAMPLING_TIE_TOLERANCE
+    assert decoder.draft_length_policy(ContextDrafter()) is policy
+    assert isinstance(decoder.draft_length_policy(target), FixedDraftLength)
 
     own = PositionalDraftLength(tie_tolerance=0.02)
     mine = specdec.SpeculativeDecoder(4, temperature=0.7, draft_length=own, backend=backend)

@@ -262,7 +262,31 @@ class SpeculativeDecoder:
             f"draft_length={self.draft_length!r}, backend={self.backend!r})"
         )
 
-    def _policy(self, chain: Chain, sampling: bool) -> DraftLengthPolicy:
+    def draft_length_policy(self, draft_model) -> DraftLengthPolicy:
+        """The draft-length policy ``generate`` would size drafts from ``draft_model`` with.
+
+        The ``draft_length`` policy given to the constructor; else a new
+        :class:`~specdec.drafters.FixedDraftLength` (``"fixed"``, and ``"auto"`` for a
+        draft model); else the decoder's own
+        :class:`~specdec.drafters.PositionalDraftLength`, the same object from call to
+        call while the draft sources keep their classes (what it learnt carries over),
+        with the decoder's sampling setting: ``tie_tolerance`` 0 at temperature 0,
+        :data:`SAMPLING_TIE_TOLERANCE` above.  For other draft sources than the last
+        call's, a new policy that the decoder does not keep: asking changes nothing.
+
+        Parameters
+        ----------
+        draft_model : model, Drafter or Chain
+            As for :meth:`generate`.
+
+        Returns
+        -------
+        DraftLengthPolicy
+        """
+        sampling = SamplingControls.from_user(**self._controls_values).temperature > 0.0
+        return self._policy(Chain.of(draft_model), sampling, keep=False)
+
+    def _policy(self, chain: Chain, sampling: bool, keep: bool = True) -> DraftLengthPolicy:
         choice = self.draft_length
         if isinstance(choice, DraftLengthPolicy):
             return choice
@@ -270,11 +294,14 @@ class SpeculativeDecoder:
             choice = "fixed" if not chain.drafters else "adaptive"
         if choice == "fixed":
             return FixedDraftLength()
-        if self._adaptive is None or self._adaptive_for != chain.names:
-            self._adaptive, self._adaptive_for = PositionalDraftLength(), list(chain.names)
+        policy = self._adaptive
+        if policy is None or self._adaptive_for != chain.names:
+            policy = PositionalDraftLength()
+            if keep:
+                self._adaptive, self._adaptive_for = policy, list(chain.names)
         # set at every call: the temperature is live
-        self._adaptive.tie_tolerance = SAMPLING_TIE_TOLERANCE if sampling else 0.0
-        return self._adaptive
+        policy.tie_tolerance = SAMPLING_TIE_TOLERANCE if sampling else 0.0
+        return policy
 
     # --- the loop -----------------------------------------------------------------------
 
