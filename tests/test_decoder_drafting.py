@@ -229,8 +229,13 @@ def test_policy_decides_before_the_target_pass_and_learns_after(backend):
 
     decoder = specdec.SpeculativeDecoder(4, draft_length=RecordingPolicy(events), backend=backend)
     ids, stats = decoder.generate(Always(), Recorder(events, target_model()), PROMPT, 20, rng=5)
+    if events[-1] == ("target", len(PROMPT) + 19):  # one token left: nothing to draft
+        events.pop()
+        assert stats.num_target_forward_passes == len(events) // 4 + 1
+    else:
+        assert stats.num_target_forward_passes == len(events) // 4
     steps = [events[i : i + 4] for i in range(0, len(events), 4)]
-    assert len(events) == 4 * len(steps) and len(steps) == stats.num_target_forward_passes
+    assert len(events) == 4 * len(steps)
     for (propose, length_before), (choose, n), (target, seen), (observe, drafted) in steps:
         assert (propose, choose, target, observe) == ("propose", "length", "target", "observe")
         assert seen == length_before + n and drafted == n
@@ -270,6 +275,45 @@ def test_adaptive_length_drafts_long_when_drafts_are_always_kept(backend):
     assert stats.acceptance_rate == 1.0
     # after a short ramp-up from the prior (acceptance 0.5), always the maximum
     assert stats.draft_length_histogram[8] >= 0.6 * stats.num_target_forward_passes
+
+
+class RowCountingTarget:
+    """A target that computes only the rows asked for (``logits_to_keep``) and counts them."""
+
+    def __init__(self, model):
+        self.model, self.rows = model, []
+        self.vocab_size = model.vocab_size
+        self.cost_curve = [1.0 + 0.1 * i for i in range(16)]  # drafts are cheap
+
+    def forward(self, ids, logits_to_keep):
+        self.rows.append(logits_to_keep)
+        return self.model.forward(ids)[:, -logits_to_keep:]
+
+
+@pytest.mark.parametrize("draft_length", ["fixed", "auto"])
+@pytest.mark.parametrize("max_new_tokens", [1, 9, 23])
+def test_a_drafter_asks_for_no_row_past_the_limit(backend, draft_length, max_new_tokens):
+    """A pass gives at most its drafts plus one token: near ``max_new_tokens`` a drafter
+    drafts one token fewer than are left, so that with every draft kept the target
+    computes exactly one row per new token (drafting all that is left would compute a
+    row whose token is cut)."""
+    target = RowCountingTarget(target_model())
+    expected, _ = specdec.sample(
+        target.model, PROMPT, max_new_tokens, temperature=0.0, backend=backend
+    )
+
+    class Oracle(Drafter):
+        def propose(self, tokens, max_tokens):
+            n = len(tokens)
+            return np.asarray(expected[n : n + max_tokens], dtype=np.int64)
+
+    decoder = specdec.SpeculativeDecoder(4, 0.0, draft_length=draft_length, backend=backend)
+    ids, stats = decoder.generate(Oracle(), target, PROMPT, max_new_tokens)
+    assert ids == expected
+    assert stats.total_draft_tokens_accepted == stats.total_draft_tokens_proposed
+    assert sum(target.rows) == max_new_tokens, target.rows
+    if draft_length == "fixed" and max_new_tokens == 9:
+        assert target.rows == [5, 4]
 
 
 def test_adaptive_policy_takes_the_shorter_of_near_ties_only_while_sampling(backend):

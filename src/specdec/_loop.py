@@ -154,11 +154,17 @@ def _draft(run, start, max_tokens, *, chain, draft, target, plan, rng, work, eos
     """
     policy = plan.policy
     candidates = None
-    if plan.tree_width:
-        candidates = chain.propose_candidates(run.sequence(), max_tokens, plan.tree_width)
+    # A pass yields at most its drafts plus one token, so drafts that reach the run's
+    # limit leave the last one's row unused: a drafter drafts one token fewer there (as
+    # many tokens, one row less).  A draft model keeps the reference loop's bound.
+    room = min(max_tokens, run.limit - start - 1)
+    if room <= 0:
+        proposal = _NO_PROPOSAL
+    elif plan.tree_width:
+        candidates = chain.propose_candidates(run.sequence(), room, plan.tree_width)
         proposal = candidates[0] if candidates else _NO_PROPOSAL
     else:
-        proposal = chain.propose(run.sequence(), max_tokens)
+        proposal = chain.propose(run.sequence(), room)
     if not len(proposal):
         if draft is None:
             return Drafted(-1, (-1, None), 0, proposal), work
