@@ -608,6 +608,13 @@ def test_llama_forward_returns_a_copy(smol_target, smol_prompt):
     # Overwrite the positions those rows came from with other tokens.
     smol_target.forward(np.array([smol_prompt[:-2] + [17, 18, 19]]), logits_to_keep=3)
     np.testing.assert_array_equal(out, kept)
+    # and what the caller does to its array does not change the rows the adapter keeps
+    again = smol_target.forward(np.array([smol_prompt]), logits_to_keep=2)
+    evaluated = smol_target.n_evaluated_tokens
+    again[...] = 0.0
+    cached = smol_target.forward(np.array([smol_prompt]), logits_to_keep=2)
+    assert smol_target.n_evaluated_tokens == evaluated  # served from the kept rows
+    np.testing.assert_array_equal(cached, kept)
 
 
 class _WrappedLogits:

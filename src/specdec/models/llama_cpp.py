@@ -218,9 +218,11 @@ class LlamaCppModel(PrefixCachedModel):
         self.min_eval_tokens = int(min_eval_tokens)
         self._batch = TokenBatch(llama_cpp, int(llama.n_batch))
         self._batch_invariant: bool | None = None
-        # Rows of positions kept_first... from the last evaluation, and its tokens.
+        # Rows of positions kept_first... from the last evaluation (a view of
+        # _kept_buffer, reused from call to call), and its tokens.
         self._kept_first = 0
-        self._kept_rows = np.empty((0, self.vocab_size), dtype=np.float32)
+        self._kept_buffer = np.empty((0, self.vocab_size), dtype=np.float32)
+        self._kept_rows = self._kept_buffer
         self._kept_tokens = np.empty(0, dtype=np.int64)
 
     @staticmethod
@@ -422,11 +424,19 @@ class LlamaCppModel(PrefixCachedModel):
                     ]
             # The rows are kept here, not written to ``llama.scores``: a new row of
             # that buffer (n_ctx x V floats) is fresh memory, and its page faults
-            # cost about 0.5 ms per token on this VM, 6% of a SmolLM2 token.
-            self._kept_first, self._kept_rows = first_row, rows
+            # cost about 0.5 ms per token on this VM, 6% of a SmolLM2 token.  For
+            # the same reason they are kept in a buffer of our own, reused: the
+            # caller gets ``rows`` itself (so that writing to it cannot change what
+            # is kept), and a second fresh array per pass (a copy to return) cost
+            # 1-3 ms a pass of 11-17 tokens in page faults (2026-12-07, Zen 4 VM).
+            held = self._kept_buffer.shape[0]
+            if held < n_rows or (held > 64 and held > 4 * n_rows):  # not a prompt's forever
+                self._kept_buffer = np.empty((n_rows, self.vocab_size), dtype=np.float32)
+            self._kept_rows = self._kept_buffer[:n_rows]
+            self._kept_rows[...] = rows
+            self._kept_first = first_row
             self._kept_tokens = seq.copy()
-        # A copy: the kept rows must not change if the caller writes to its array.
-        return rows.copy()[None]
+        return rows[None]
 
     # -- text ------------------------------------------------------------------
 
