@@ -51,12 +51,15 @@ def _peak_bytes(function):
     ],
 )
 def test_the_largest_options_cost_linear_memory(index):
-    # Random text (no n-gram repeats) is the worst case.  Doubling it about doubles
-    # memory (a quadratic cost would quadruple it; dictionaries grow by steps).
-    ids = np.random.default_rng(0).integers(0, 50_000, 1200)
+    # Random text (no n-gram repeats) is the worst case.  Eight times the text costs
+    # about nine times the memory (8.9x and 9.6x; dictionaries grow by steps), a
+    # quadratic cost would be 64 times; the bound sits between, far from both, because
+    # tracemalloc also counts what other threads allocate meanwhile (under xdist a
+    # doubling once measured 3.0x where 2.1x is usual).
+    ids = np.random.default_rng(0).integers(0, 50_000, 4800)
     small = _peak_bytes(lambda: index(ids[:600]))
     large = _peak_bytes(lambda: index(ids))
-    assert large < 3 * small
+    assert large < 24 * small
 
 
 def test_uint64_ids_beyond_int64_are_refused_by_name():
