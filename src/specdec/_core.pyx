@@ -1189,6 +1189,17 @@ cdef class _BatchStep:
                     break
                 self.verify_claimed(b, law_data, weights, work)
 
+    def first_failure(self):
+        """The lowest sequence that failed (see :attr:`failures`), or -1 if none did.
+
+        A scan in C: NumPy's ``failures[:, 0].any()`` costs a small batch's call 3 us.
+        """
+        cdef Py_ssize_t b
+        for b in range(self.batch):
+            if self.failed[3 * b]:
+                return b
+        return -1
+
     cdef void verify_claimed(self, Py_ssize_t b, RowLaw *laws, void *weights,
                              Workspace work) noexcept nogil:
         """Sequence b, dispatched on the rows' types."""

@@ -241,7 +241,7 @@ def verify_batch(
         backend=backend,
         single=False,
     )
-    if n_threads is None:
-        threads = default_threads(step, threads)
+    if threads is None:
+        threads = default_threads(step)
     n_accepted, next_tokens, tokens = run(step, threads)
     return BatchResult(n_accepted, next_tokens, tokens)
