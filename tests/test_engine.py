@@ -685,6 +685,18 @@ def test_a_row_error_leaves_every_other_generator_as_its_own_call_would(backend)
             assert same_state(rngs[b].bit_generator.state, alone[b].bit_generator.state)
 
 
+def test_a_batch_error_names_its_lowest_failing_sequence(backend):
+    ids, draft, target, lengths = _random_batch(12, batch=6)
+    bad = target.copy()
+    bad[4, 0] = np.nan  # verified later in the batch, on either thread
+    bad[2, 0] = np.nan
+    for threads in (1, 2):
+        with pytest.raises(ValueError, match=r"target_logits\[2, 0\]"):
+            verify_batch(
+                ids, draft, bad, lengths, rngs=_seeds(6), n_threads=threads, backend=backend
+            )
+
+
 def _probs_batch(seed, batch, width=3, vocab=10):
     rng = np.random.default_rng(seed)
     draft = rng.random((batch, width, vocab)) + 0.1
