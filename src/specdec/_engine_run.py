@@ -14,7 +14,7 @@ import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 
 import numpy as np
 
@@ -273,11 +273,9 @@ def _run_compiled(step: VerifyInputs, n_threads: int) -> tuple[np.ndarray, np.nd
             for lock in sorted(locks, key=id):
                 held.enter_context(lock)
             _on_threads(work, threads)
-    elif locks:
-        with locks[0]:
+    else:
+        with locks[0] if locks else nullcontext():  # greedy: no generator, nothing drawn
             _on_threads(work, threads)
-    else:  # greedy: nothing is drawn
-        _on_threads(work, threads)
     b = job.first_failure()
     if b >= 0:
         where, row, code = (int(v) for v in job.failures[b])
